@@ -1,0 +1,83 @@
+"""`rigkit eval` (closed-book vs RAG vs RIG, resumable) and `rigkit report DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+EVAL_EXAMPLE = """example:
+  rigkit eval --qa data/2wikimultihopqa/qa.jsonl --index indexes/2wiki \\
+      --systems closed_book,rag,rig:prob --runs 1 --limit 100 \\
+      --config configs/cpu.yaml --out runs/2wiki-cpu
+
+systems: closed_book | rag[:K] | rig[:DECIDER[:QUERY_MODE]], each optionally @append or @prefix.
+Re-running the same command resumes; `rigkit report DIR` rebuilds the report."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    ev = subparsers.add_parser(
+        "eval", help="evaluate closed-book, RAG and RIG systems on a QA set (resumable)",
+        epilog=EVAL_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("--qa", required=True, help="qa.jsonl of a data set (data/<set>/qa.jsonl)")
+    ev.add_argument("--index", help="saved index folder (`rigkit index build`); "
+                    "default: retrieval.index / corpus of --config")
+    ev.add_argument("--systems", default="closed_book,rag,rig:prob",
+                    help="comma-separated systems (default: %(default)s)")
+    ev.add_argument("--runs", type=int, default=1, help="repeats with seeds seed+0..N-1")
+    ev.add_argument("--limit", type=int, help="only the first N questions (after --split)")
+    ev.add_argument("--layout", choices=("append", "prefix"),
+                    help="passages after the draft (append, cache-friendly) or rebuilt in front "
+                    "of the question each round (prefix, FLARE/DRAGIN); default: the config's")
+    ev.add_argument("--config", help="run config YAML (e.g. configs/cpu.yaml); model, deciders...")
+    ev.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
+                    help="stored split of the data set to evaluate (default: %(default)s)")
+    ev.add_argument("--out", required=True, help="run folder: results.jsonl, meta.json, report")
+    ev.add_argument("--no-faithfulness", action="store_true",
+                    help="skip the embedding-based faithfulness check")
+    ev.add_argument("--no-traces", action="store_true", help="do not keep full traces")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    ev.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    ev.set_defaults(func=_run_eval)
+
+    rp = subparsers.add_parser("report", help="write DIR/report.html and DIR/report.md")
+    rp.add_argument("dir", help="a run folder written by `rigkit eval`")
+    rp.add_argument("--json", action="store_true", help="print the paths as JSON on stdout")
+    rp.set_defaults(func=_run_report)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from rigkit.eval.experiment import evaluate
+
+    summary = evaluate(
+        args.qa, args.out, args.systems, index=args.index, config=args.config, runs=args.runs,
+        limit=args.limit, layout=args.layout, split=args.split,
+        faithfulness=not args.no_faithfulness, traces=not args.no_traces,
+        progress=not args.no_progress,
+    )
+    out = Path(args.out)
+    if args.json:
+        print(json.dumps({"results": str(summary.path), "total": summary.total,
+                          "skipped": summary.skipped, "written": summary.written,
+                          "errors": summary.errors, "report": str(out / "report.html")}))
+    else:
+        print((out / "report.md").read_text(encoding="utf-8"))
+        print(f"rigkit eval: {summary.written} answers written, {summary.skipped} already there, "
+              f"{summary.errors} errors; report: {out / 'report.html'}", file=sys.stderr)
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from rigkit.eval.report import write_report
+
+    path = write_report(args.dir)
+    md = Path(args.dir) / "report.md"
+    if args.json:
+        print(json.dumps({"html": str(path), "markdown": str(md)}))
+    else:
+        print(md.read_text(encoding="utf-8"))
+        print(f"rigkit report: {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,142 @@
+"""`rigkit index build|info`, `rigkit search`, `rigkit eval-retrieval`: the retrieval commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from rigkit.errors import InputError
+
+__all__ = ["register"]
+
+log = logging.getLogger("rigkit")
+
+
+def register(subparsers) -> None:
+    index = subparsers.add_parser("index", help="build or inspect a saved retrieval index")
+    actions = index.add_subparsers(dest="index_command", required=True)
+
+    build = actions.add_parser("build", help="chunk a corpus and build BM25 + vector indexes")
+    build.add_argument("--corpus", required=True, help="JSONL file, or folder of .md/.txt files")
+    build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
+    build.add_argument("--embedding-model", default="all-MiniLM-L6-v2")
+    build.add_argument("--chunk-size", type=int, default=None,
+                       help="tokens per chunk (default and maximum: the model's input limit, 256 for MiniLM)")
+    build.add_argument("--overlap", type=int, default=64, help="tokens shared by neighbouring windows")
+    build.add_argument("--no-split", action="store_true",
+                       help="one chunk per document (the model truncates long ones; a warning counts them)")
+    build.add_argument("--bm25-method", default="lucene", choices=("lucene", "robertson"))
+    build.add_argument("--k1", type=float, default=1.5)
+    build.add_argument("--b", type=float, default=0.75)
+    build.add_argument("--dense-index", default="flat", choices=("flat", "hnsw", "ivf"))
+    build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
+    build.set_defaults(func=_build)
+
+    info = actions.add_parser("info", help="print an index's manifest")
+    info.add_argument("dir")
+    info.set_defaults(func=_info)
+
+    search = subparsers.add_parser("search", help="ranked hits for a query from a saved index")
+    search.add_argument("dir", help="index folder")
+    search.add_argument("query")
+    search.add_argument("--mode", default="hybrid", choices=("bm25", "dense", "hybrid"))
+    search.add_argument("--top-k", type=int, default=5)
+    search.add_argument("--bm25-backend", default="bm25s", choices=("bm25s", "rank_bm25"))
+    search.add_argument("--embedding-model", default=None, help="refuse the index unless built with it")
+    search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
+    search.set_defaults(func=_search)
+
+    ev = subparsers.add_parser("eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set")
+    ev.add_argument("--index", required=True, help="index folder built from the set's corpus")
+    ev.add_argument("--qa", required=True, help="QA JSONL in the shared format")
+    ev.add_argument("--by", default="title", choices=("title", "pid"),
+                    help="a hit counts if its title (reference) or paragraph id is supporting")
+    ev.add_argument("--split", default=None, choices=("train", "dev", "test"),
+                    help="only that split's questions (splits.json beside the QA file)")
+    ev.add_argument("--modes", default="bm25,dense,hybrid")
+    ev.add_argument("--bm25-backend", default="bm25s", choices=("bm25s", "rank_bm25"))
+    ev.add_argument("--json", action="store_true", help='print {mode: {"recall@1", ..., "mrr"}}')
+    ev.set_defaults(func=_eval)
+
+
+def _setup_logging() -> None:
+    # rigkit's own progress lines on stderr; libraries stay at WARNING.
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from rigkit.retrieval import Index
+
+    _setup_logging()
+    started = time.perf_counter()
+    index = Index.build(
+        args.corpus, args.out, embedding_model=args.embedding_model, chunk_size=args.chunk_size,
+        overlap=args.overlap, split=not args.no_split, bm25_method=args.bm25_method, k1=args.k1,
+        b=args.b, dense_index=args.dense_index, batch_size=args.batch_size,
+    )
+    m = index.manifest
+    print(
+        f"built {args.out}: {m['corpus']['documents']} documents -> {m['chunks']} chunks "
+        f"({m['embedding_model']}, chunk_size {m['chunking']['chunk_size']}, overlap "
+        f"{m['chunking']['overlap']}{', unsplit' if args.no_split else ''}) in "
+        f"{time.perf_counter() - started:.1f} s; timings {m['timings']}"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    path = Path(args.dir) / "manifest.json"
+    if not path.exists():
+        raise InputError(f"{args.dir} is not a rigkit index (no manifest.json)")
+    print(path.read_text(encoding="utf-8").rstrip())
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from rigkit.retrieval import Index
+
+    if not args.query.strip():
+        raise InputError("empty query")
+    index = Index.load(args.dir, embedding_model=args.embedding_model)
+    hits = index.retriever(args.mode, bm25_backend=args.bm25_backend).search(args.query, args.top_k)
+    if args.json:
+        print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=1))
+        return 0
+    for rank, hit in enumerate(hits, start=1):
+        why = "  ".join(f"{name} #{r} ({hit.scores[name]:.3f})" for name, r in hit.ranks.items())
+        text = " ".join(hit.text.split())
+        print(f"{rank:>2}. [{hit.chunk_id}] {hit.title}\n    {why}\n    {text[:160]}{'...' if len(text) > 160 else ''}")
+    if not hits:
+        print("no hits")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rigkit.datasets import load_qa, split_questions
+    from rigkit.retrieval import Index
+    from rigkit.retrieval.evaluation import evaluate_retrieval
+
+    _setup_logging()
+    rows = load_qa(args.qa)
+    if args.split:
+        rows = split_questions(rows, Path(args.qa).parent, args.split)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    index = Index.load(args.index)
+    started = time.perf_counter()
+    result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=args.bm25_backend)
+    log.info("%d questions, %d chunks, %.1f s", len(rows), len(index.chunks), time.perf_counter() - started)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{'mode':<8} {'recall@1':>9} {'recall@5':>9} {'recall@10':>10} {'mrr':>7}   (by {args.by})")
+    for mode, v in result.items():
+        print(f"{mode:<8} {v['recall@1']:>9.3f} {v['recall@5']:>9.3f} {v['recall@10']:>10.3f} {v['mrr']:>7.3f}")
+    return 0

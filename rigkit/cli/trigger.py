@@ -1,0 +1,157 @@
+"""`rigkit trigger build-labels | train | eval`: the retrieval-trigger classifier from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "trigger", help="train and evaluate a retrieval-trigger classifier",
+        description="Label segments, train a classifier that says when to retrieve, compare it "
+        "with the probability / entropy / keyword deciders.",
+    )
+    sub = parser.add_subparsers(dest="trigger_command", required=True)
+
+    p = sub.add_parser("build-labels", help="label closed-book segments of a QA set")
+    p.add_argument("--qa", required=True, help="QA JSONL with gold answers and paragraphs")
+    p.add_argument("--limit", type=int, default=None, help="first N questions only")
+    p.add_argument("--out", required=True, help="labelled set to write (JSONL with a header)")
+    p.add_argument("--rule", default="any", help="r1 | r2 | any | all (all are stored)")
+    p.add_argument("--min-gain", type=float, default=0.5, help="r1: token-F1 gain that counts")
+    p.add_argument("--config", help="run config YAML (generator, answer length)")
+    p.add_argument("--model", help="generator spec (default: the config's)")
+    p.add_argument("--no-hidden", action="store_true", help="do not store hidden states")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.set_defaults(func=_build_labels)
+
+    p = sub.add_parser("train", help="train a trigger classifier on a labelled set")
+    p.add_argument("--labels", required=True, help="rigkit labelled set, or your CSV/JSONL text,label")
+    p.add_argument("--out", required=True, help="model file to write (.skops)")
+    p.add_argument("--features", default="probability,embedding",
+                   help="comma list of probability, embedding, hidden")
+    p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
+    p.add_argument("--rule", default=None, help="train on another stored rule's labels")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="compare the classifier with the other deciders' scores")
+    p.add_argument("--labels", required=True)
+    p.add_argument("--model", required=True, help="trained trigger model file")
+    p.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    p.add_argument("--deciders", default="prob,entropy,keyword", help="baselines to score")
+    p.add_argument("--html", help="write the ROC / PR figure here (self-contained HTML)")
+    p.add_argument("--end-effect", type=int, default=0, metavar="N",
+                   help="also run RIG on N test questions with classifier vs prob decider")
+    p.add_argument("--qa", help="QA file for --end-effect (default: the one the labels came from)")
+    p.add_argument("--config", help="run config YAML for --end-effect")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_eval)
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _build_labels(args: argparse.Namespace) -> int:
+    from rigkit.config import load_config
+    from rigkit.generation import load_generator
+    from rigkit.trigger.labels import agreement, build_labels
+
+    config = load_config(args.config)
+    if args.model:
+        config = config.override(generator={"model": args.model})
+    generator = load_generator(config.generator.model)
+    labels = build_labels(args.qa, generator, config, limit=args.limit, rule=args.rule,
+                          hidden=not args.no_hidden, min_gain=args.min_gain)
+    labels.save(args.out)
+    summary = {"out": args.out, "segments": len(labels), "positives": labels.positives,
+               "rule": labels.rule, "questions": labels.meta.get("questions"),
+               "agreement": agreement(labels) if len(labels) else None}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _log(f"wrote {len(labels)} segments ({labels.positives} positive by {labels.rule}) to {args.out}")
+        _log(f"rule agreement r1 vs r2: {summary['agreement']}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rigkit.trigger.features import parse_feature_sets
+    from rigkit.trigger.labelset import load_labels
+    from rigkit.trigger.model import save_trigger, train_trigger
+
+    labels = load_labels(args.labels)
+    model = train_trigger(labels, features=parse_feature_sets(args.features), model=args.model,
+                          rule=args.rule, seed=args.seed)
+    save_trigger(model, args.out)
+    summary = {"out": args.out, "threshold": model.threshold, "features": list(model.spec.sets),
+               "split_source": model.meta["split_source"], "counts": model.meta["counts"]}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _log(f"wrote {args.out}: threshold {model.threshold:.3f} ({model.meta['threshold_source']}), "
+             f"split {model.meta['split_source']}, counts {model.meta['counts']}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rigkit.trigger.evaluate import evaluate_trigger
+    from rigkit.trigger.labels import agreement
+    from rigkit.trigger.labelset import load_labels
+    from rigkit.trigger.model import load_trigger
+
+    labels = load_labels(args.labels)
+    model = load_trigger(args.model)
+    deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
+    report = evaluate_trigger(labels, model, deciders=deciders, split=args.split)
+    out = report.to_dict()
+    if {"r1", "r2"} <= set(labels.rows[0].rules):
+        out["agreement"] = agreement(labels)
+    if args.html:
+        report.figure().write_html(args.html, include_plotlyjs=True)
+    if args.end_effect:
+        effect = _end_effect(args, labels, model)
+        out["end_effect"] = effect.to_dict()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(report.table())
+        if "agreement" in out:
+            a = out["agreement"]
+            print(f"\nrule agreement r1 vs r2: {a['percent_agree']}% agree, kappa {a['cohen_kappa']}")
+        if args.end_effect:
+            print("\n" + effect.table())
+    return 0
+
+
+def _end_effect(args, labels, model):
+    from rigkit.config import load_config
+    from rigkit.errors import InputError
+    from rigkit.generation import load_generator
+    from rigkit.retrieval import open_retriever
+    from rigkit.trigger.endeffect import end_effect
+
+    qa = args.qa or labels.meta.get("qa")
+    if not qa or not Path(qa).exists():
+        raise InputError("--end-effect needs the QA file: pass --qa FILE")
+    test = set(model.meta.get("split_qids", {}).get("test", []))
+    records = [json.loads(line) for line in Path(qa).read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    records = [r for r in records if r["id"] in test][: args.end_effect]
+    if not records:
+        raise InputError(f"none of the model's test questions are in {qa}")
+    config = load_config(args.config)
+    if config.retrieval.corpus is None and config.retrieval.index is None:
+        corpus = Path(qa).with_name("corpus.jsonl")  # the QA set's own paragraph corpus
+        if corpus.exists():
+            config = config.override(retrieval={"corpus": str(corpus)})
+    generator = load_generator(config.generator.model)
+    retriever = open_retriever(config.retrieval)
+    return end_effect(records, model.path, generator, retriever, config)

@@ -1,0 +1,148 @@
+"""Deciders: after each segment, judge whether the answer needs outside knowledge now.
+
+`DECIDERS` maps a name to a class; `build_decider(DeciderConfig)` builds one, wraps it with the
+entity checklist when asked, and builds composites from their members. See each module for the
+paper it follows: marker (Toolformer-style), prob (FLARE), entropy (DRAGIN RIND), keyword
+(cue rules), classifier (trained trigger), composite, always / every_n / never (baselines).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from rigkit.config import DeciderConfig
+from rigkit.deciders.base import Decider, DecisionState
+from rigkit.deciders.baselines import AlwaysRetrieve, EveryNTokens, NeverRetrieve
+from rigkit.deciders.compare import compare_deciders
+from rigkit.deciders.composite import CompositeDecider
+from rigkit.deciders.entities import EntityChecklist
+from rigkit.deciders.entropy import EntropyDecider
+from rigkit.deciders.keyword import KeywordDecider
+from rigkit.deciders.marker import MarkerDecider
+from rigkit.deciders.probability import ProbabilityDecider
+from rigkit.errors import InputError
+
+__all__ = [
+    "Decider",
+    "DecisionState",
+    "DECIDERS",
+    "build_decider",
+    "compare_deciders",
+    "AlwaysRetrieve",
+    "EveryNTokens",
+    "NeverRetrieve",
+    "CompositeDecider",
+    "EntityChecklist",
+    "EntropyDecider",
+    "KeywordDecider",
+    "MarkerDecider",
+    "ProbabilityDecider",
+]
+
+
+class _Registry(Mapping):
+    """name -> class; entries given as "module:Class" are imported on first access, so a missing
+    optional module (the trained classifier) does not break `import rigkit.deciders`."""
+
+    def __init__(self, entries: dict[str, type | str]):
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> type:
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            module, _, attr = entry.partition(":")
+            try:
+                entry = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as exc:
+                raise InputError(f"decider {name!r} is not available here: {exc}") from exc
+            self._entries[name] = entry
+        return entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __setitem__(self, name: str, cls: type | str) -> None:
+        """Register your own decider class: `DECIDERS["mine"] = MyDecider`."""
+        self._entries[name] = cls
+
+
+DECIDERS: _Registry = _Registry(
+    {
+        "marker": MarkerDecider,
+        "prob": ProbabilityDecider,
+        "entropy": EntropyDecider,
+        "keyword": KeywordDecider,
+        "classifier": "rigkit.deciders.classifier:ClassifierDecider",
+        "composite": CompositeDecider,
+        "always": AlwaysRetrieve,
+        "every_n": EveryNTokens,
+        "never": NeverRetrieve,
+        "entity": EntityChecklist,
+    }
+)
+
+
+_MODEL_KEYS = ("trigger_model", "model_path", "path")
+
+
+def build_decider(config: DeciderConfig, generator: object | None = None) -> Decider:
+    """The decider `config` describes; the entity-checklist options wrap it.
+
+    `config.threshold` None keeps the decider's default; `config.params` go to its constructor
+    as keyword arguments. The generator is passed to deciders whose constructor takes one.
+    """
+    if config.name not in DECIDERS:
+        raise InputError(f"unknown decider {config.name!r}; known: {', '.join(DECIDERS)}")
+    if config.name == "composite":
+        if not config.members:
+            raise InputError("decider 'composite' needs members (decider.members in the config)")
+        members = [build_decider(m, generator) for m in config.members]
+        kwargs: dict[str, Any] = {
+            "members": members, "combine": config.combine, "weights": config.weights,
+        }
+        decider = _construct(CompositeDecider, config, kwargs, generator)
+    elif config.name == "entity":
+        decider = _construct(
+            EntityChecklist, config, {"skip_if_no_entity": config.skip_if_no_entity}, generator
+        )
+        return decider
+    else:
+        cls = DECIDERS[config.name]
+        extra = {}
+        if config.trigger_model:  # the classifier's model file, under whichever name it takes
+            params = inspect.signature(cls).parameters
+            key = next((k for k in _MODEL_KEYS if k in params), "trigger_model")
+            extra[key] = config.trigger_model
+        decider = _construct(cls, config, extra, generator)
+    if config.entity_checklist or config.skip_if_no_entity:
+        decider = EntityChecklist(
+            decider, checklist=config.entity_checklist, skip_if_no_entity=config.skip_if_no_entity
+        )
+    return decider
+
+
+def _construct(cls: type, config: DeciderConfig, kwargs: dict[str, Any], generator) -> Decider:
+    kwargs = {**kwargs, **config.params}
+    if config.threshold is not None:
+        kwargs["threshold"] = config.threshold
+    accepted = inspect.signature(cls).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    if generator is not None and ("generator" in accepted or takes_any):
+        kwargs.setdefault("generator", generator)
+    unknown = [k for k in kwargs if k not in accepted and not takes_any]
+    if unknown:
+        known = [k for k in accepted if k not in ("self", "members")]
+        raise InputError(
+            f"decider {config.name!r} does not take {', '.join(sorted(unknown))}; "
+            f"its options: {', '.join(known)}"
+        )
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"decider {config.name!r}: {exc}") from exc

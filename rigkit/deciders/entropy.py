@@ -1,0 +1,127 @@
+"""Entropy decider: DRAGIN's RIND (Su et al., 2024, "DRAGIN: Dynamic Retrieval Augmented
+Generation based on the Real-time Information Needs of Large Language Models").
+
+RIND scores token i as  H_i * a_i * s_i : H_i the entropy of the model's distribution when it
+wrote token i (nats, from raw logits), s_i zero for stop words and punctuation, and a_i the
+largest attention any later token of the segment (the token itself included, as in DRAGIN's
+column max) pays to it in the last layer. As in DRAGIN's code the attentions are normalised to
+mean 1 over the segment, so RIND keeps the scale of the entropy and one threshold serves both
+modes. Concessions:
+- attention comes from `generator.segment_attention(segment)`: the segment's own tokens only,
+  one extra eager forward pass through the KV cache (a full-sequence eager pass is quadratic:
+  PITFALLS 7). When the generator offers no such method (scripted or HTTP backends) RIND is the
+  entropy alone; when it offers one and it fails, the error propagates (no silent fallback).
+- DRAGIN's query formulation (QFS) attends from the trigger token over the whole context; here
+  over the segment's earlier words. They are stored in `evidence["attended_words"]` for the
+  `attention` query mode, which adds the question's key terms itself.
+Score = 1 - exp(-max RIND): monotone in [0, 1); retrieve when max RIND > threshold.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rigkit.deciders.base import DecisionState
+from rigkit.deciders.text import is_stop, spans_from_tokens, split_words, token_words
+from rigkit.trace import Decision, Segment
+
+__all__ = ["EntropyDecider"]
+
+
+class EntropyDecider:
+    """DRAGIN-style RIND: entropy x attention for content tokens; retrieve above `threshold`."""
+
+    name = "entropy"
+
+    def __init__(self, threshold: float = 2.0, use_attention: bool = True, top_words: int = 5):
+        if threshold < 0:
+            raise ValueError(f"entropy threshold must be >= 0 nats, got {threshold}")
+        self.threshold = threshold
+        self.use_attention = use_attention
+        self.top_words = top_words
+
+    def decide(self, segment: Segment, state: DecisionState) -> Decision:
+        n = len(segment.tokens)
+        if len(segment.entropies) != n:
+            raise ValueError(f"segment has {n} tokens but {len(segment.entropies)} entropies")
+        words = split_words(segment.text)
+        tok_words = token_words(segment, words)
+        content = [any(not is_stop(words[k].text) for k in ks) for ks in tok_words]
+        if not any(content):
+            why = "empty segment" if not segment.text.strip() else "no content words"
+            return Decision(
+                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold
+            )
+        attention, passes = self._attention(segment, state)
+        weights = _column_max(attention) if attention is not None else [1.0] * n
+        total = sum(weights)
+        weights = [w * n / total for w in weights] if total > 0 else [1.0] * n
+        rind = [segment.entropies[i] * weights[i] if content[i] else 0.0 for i in range(n)]
+        trigger = max(range(n), key=lambda i: rind[i])
+        flagged = [i for i in range(n) if rind[i] > self.threshold]
+        spans = spans_from_tokens(segment, flagged, rind)
+        attended = (
+            _attended_words(segment, attention, trigger, words, tok_words, self.top_words)
+            if attention is not None
+            else []
+        )
+        mode = "entropy x attention" if attention is not None else "entropy only"
+        if flagged:
+            listed = ", ".join(f"{s.text!r}" for s in spans[:4])
+            reason = f"RIND ({mode}) above {self.threshold:g} at {listed}"
+        else:
+            reason = f"max RIND ({mode}) {rind[trigger]:.2f} <= {self.threshold:g}"
+        return Decision(
+            retrieve=bool(flagged),
+            score=1.0 - math.exp(-rind[trigger]),
+            reason=reason,
+            decider=self.name,
+            threshold=self.threshold,
+            intents=[s.text for s in spans],
+            spans=spans,
+            extra_forward_passes=passes,
+            evidence={
+                "max_rind": rind[trigger],
+                "trigger_token": trigger,
+                "attention": attention is not None,
+                "attended_words": attended,
+                "rind": [round(r, 4) for r in rind],
+            },
+        )
+
+    def _attention(
+        self, segment: Segment, state: DecisionState
+    ) -> tuple[list[list[float]] | None, int]:
+        """The segment's (n, n) attention and the forward passes spent getting it."""
+        if not self.use_attention:
+            return None, 0
+        if segment.attention is not None:
+            attention, passes = segment.attention, 0
+        else:
+            method = getattr(state.generator, "segment_attention", None)
+            if not callable(method):
+                return None, 0
+            attention, passes = method(segment), 1  # errors propagate on purpose
+            segment.attention = attention
+        n = len(segment.tokens)
+        if len(attention) != n or any(len(row) != n for row in attention):
+            raise ValueError(f"attention must be ({n}, {n}) for this segment")
+        return attention, passes
+
+
+def _column_max(attention: list[list[float]]) -> list[float]:
+    """a_i = max over j >= i of attention[j][i] (causal: later tokens attending to token i)."""
+    n = len(attention)
+    return [max(attention[j][i] for j in range(i, n)) for i in range(n)]
+
+
+def _attended_words(segment, attention, trigger, words, tok_words, top) -> list[str]:
+    """Content words before the trigger token that it attends to most, in text order."""
+    best: dict[int, float] = {}
+    for i in range(trigger):
+        for k in tok_words[i]:
+            if not is_stop(words[k].text):
+                best[k] = max(best.get(k, 0.0), attention[trigger][i])
+    trigger_words = set(tok_words[trigger])
+    ranked = sorted((k for k in best if k not in trigger_words), key=lambda k: -best[k])
+    return [words[k].text for k in sorted(ranked[:top])]

@@ -1,0 +1,81 @@
+"""Token-probability decider: FLARE's active retrieval trigger (Jiang et al., 2023, "Active
+Retrieval Augmented Generation").
+
+FLARE retrieves when any token of the upcoming sentence has probability below a threshold θ.
+Here stop words and punctuation do not count (a 135M model is often unsure about "the" versus
+"a", which says nothing about missing facts), and the flagged tokens are widened to whole words
+so the masked query (`rigkit.queries.MaskedQuery`) never leaves half a word behind.
+Score = 1 - (lowest content-token probability): monotone, in [0, 1], and `retrieve` is exactly
+`score > 1 - threshold`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rigkit.deciders.base import DecisionState
+from rigkit.deciders.text import is_stop, spans_from_tokens, split_words, token_words
+from rigkit.trace import Decision, Segment
+
+__all__ = ["ProbabilityDecider", "content_tokens"]
+
+
+def content_tokens(segment: Segment) -> list[int]:
+    """Indices of tokens that overlap at least one non-stop word (not punctuation/space)."""
+    words = split_words(segment.text)
+    return [
+        i
+        for i, ks in enumerate(token_words(segment, words))
+        if any(not is_stop(words[k].text) for k in ks)
+    ]
+
+
+class ProbabilityDecider:
+    """Retrieve when a content token's probability is below `threshold` (FLARE's θ)."""
+
+    name = "prob"
+
+    def __init__(self, threshold: float = 0.3):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"prob threshold must be in [0, 1], got {threshold}")
+        self.threshold = threshold
+
+    def decide(self, segment: Segment, state: DecisionState) -> Decision:
+        if len(segment.logprobs) != len(segment.tokens):
+            raise ValueError(
+                f"segment has {len(segment.tokens)} tokens but {len(segment.logprobs)} logprobs"
+            )
+        content = content_tokens(segment) if segment.text.strip() else []
+        if not content:
+            why = "empty segment" if not segment.text.strip() else "no content words"
+            return Decision(
+                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold
+            )
+        probs = [math.exp(lp) for lp in segment.logprobs]
+        low = [i for i in content if probs[i] < self.threshold]
+        weakest = min(content, key=lambda i: probs[i])
+        score = 1.0 - probs[weakest]
+        spans = spans_from_tokens(segment, low, [1.0 - p for p in probs])
+        if low:
+            listed = ", ".join(f"{s.text!r}" for s in spans[:4])
+            reason = f"{len(low)} content token(s) below p={self.threshold:g}: {listed}"
+        else:
+            reason = (
+                f"all content tokens confident (lowest p={probs[weakest]:.2f} "
+                f"at {segment.tokens[weakest].strip()!r})"
+            )
+        return Decision(
+            retrieve=bool(low),
+            score=score,
+            reason=reason,
+            decider=self.name,
+            threshold=self.threshold,
+            intents=[s.text for s in spans],
+            spans=spans,
+            evidence={
+                "min_prob": probs[weakest],
+                "min_token": weakest,
+                "low_tokens": low,
+                "content_tokens": len(content),
+            },
+        )

@@ -1,0 +1,128 @@
+"""Aggregate per-question result lines into the table every RIG write-up ends with.
+
+A metric's figure for a group (system, or system x question type) is computed per run, as the
+mean over that run's questions where the metric is defined, and the table shows the mean of
+those run means with their spread (sample standard deviation across runs; none for one run).
+Latency percentiles pool every question of every run. Lines that recorded an error are counted
+and left out of the figures, never scored as wrong answers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["METRICS", "GroupStats", "aggregate", "percentile", "stage_names"]
+
+# (key in a result line, column label, format). The order is the report's column order.
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("em", "EM", "{:.3f}"),
+    ("f1", "F1", "{:.3f}"),
+    ("cover_em", "Cover EM", "{:.3f}"),
+    ("support_recall", "Support recall", "{:.3f}"),
+    ("support_recall_pid", "Support recall (pid)", "{:.3f}"),
+    ("retrievals", "Retrievals/q", "{:.2f}"),
+    ("trigger_rate", "Trigger rate", "{:.2f}"),
+    ("passages_injected", "Passages", "{:.1f}"),
+    ("tokens_injected", "Tokens injected", "{:.0f}"),
+    ("tokens_prefilled", "Prefilled", "{:.0f}"),
+    ("tokens_reused", "Reused", "{:.0f}"),
+    ("forward_passes", "Forward passes", "{:.0f}"),
+    ("extra_model_calls", "Extra calls", "{:.2f}"),
+    ("citation_precision", "Citation precision", "{:.3f}"),
+    ("faithful", "Faithful share", "{:.3f}"),
+    ("latency", "Latency s", "{:.2f}"),
+)
+
+ALL_TYPES = "all"
+
+
+@dataclass
+class GroupStats:
+    """Figures for one system over one question type (`type == "all"` for every question)."""
+
+    system: str
+    type: str
+    questions: int
+    runs: int
+    errors: int = 0
+    mean: dict[str, float | None] = field(default_factory=dict)
+    spread: dict[str, float | None] = field(default_factory=dict)  # std of run means
+    latency_p50: float | None = None
+    latency_p95: float | None = None
+    stages: dict[str, float] = field(default_factory=dict)  # mean seconds per question
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]; None for no values."""
+    data = sorted(values)
+    if not data:
+        return None
+    pos = (len(data) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def _value(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    if value is None or isinstance(value, (dict, list, str)):
+        return None
+    return float(value)
+
+
+def stage_names(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Every latency stage that occurs, in first-seen order."""
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row.get("timings") or {}))
+    return list(names)
+
+
+def _group(system: str, qtype: str, rows: list[dict[str, Any]], stages: list[str]) -> GroupStats:
+    good = [r for r in rows if not r.get("error")]
+    by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in good:
+        by_run[int(row.get("run", 0))].append(row)
+    stats = GroupStats(system, qtype, questions=len({r["id"] for r in rows}), runs=len(by_run),
+                       errors=len(rows) - len(good))
+    for key, _, _ in METRICS:
+        run_means = []
+        for run_rows in by_run.values():
+            values = [v for v in (_value(r, key) for r in run_rows) if v is not None]
+            if values:
+                run_means.append(statistics.fmean(values))
+        stats.mean[key] = statistics.fmean(run_means) if run_means else None
+        stats.spread[key] = statistics.stdev(run_means) if len(run_means) > 1 else None
+    latencies = [float(r["latency"]) for r in good if r.get("latency") is not None]
+    stats.latency_p50, stats.latency_p95 = percentile(latencies, 50), percentile(latencies, 95)
+    for stage in stages:
+        values = [float((r.get("timings") or {}).get(stage, 0.0)) for r in good]
+        stats.stages[stage] = statistics.fmean(values) if values else 0.0
+    return stats
+
+
+def aggregate(rows: Iterable[dict[str, Any]], by_type: bool = True) -> list[GroupStats]:
+    """One `GroupStats` per system (type "all"), then per system x question type if `by_type`.
+
+    Systems keep their first-seen order; types are sorted.
+    """
+    rows = list(rows)
+    stages = stage_names(rows)
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    out = [_group(s, ALL_TYPES, [r for r in rows if r["system"] == s], stages) for s in systems]
+    if by_type:
+        types = sorted({str(r.get("type") or "") for r in rows})
+        for system in systems:
+            for qtype in types:
+                group = [r for r in rows if r["system"] == system and str(r.get("type") or "") == qtype]
+                if group:
+                    out.append(_group(system, qtype or "(none)", group, stages))
+    return out

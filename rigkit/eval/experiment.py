@@ -1,0 +1,155 @@
+"""`evaluate(...)`: the whole evaluation from Python, as `rigkit eval` runs it.
+
+Loads the questions (optionally one split of the data's stored train/dev/test split, so nothing
+is tuned and evaluated on the same questions), one generator and one retriever shared by every
+system, builds the systems, records what was run in `meta.json`, streams the answers and writes
+the report. Re-running with the same folder resumes; a different configuration for an existing
+folder is refused rather than mixed into one table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rigkit.config import RunConfig, load_config
+from rigkit.errors import InputError
+from rigkit.eval.metrics import FaithfulnessScorer, QAItem
+from rigkit.eval.report import META_FILE, atomic_write_text, write_report
+from rigkit.eval.runner import RunSummary, run_eval
+from rigkit.eval.systems import LAYOUTS, build_systems, parse_systems
+
+__all__ = ["SPLITS", "load_questions", "evaluate"]
+
+SPLITS = ("all", "train", "dev", "test")
+
+
+def load_questions(qa: str | Path, split: str = "all", limit: int | None = None) -> list[QAItem]:
+    """The questions of `qa` (a qa.jsonl), restricted to a stored split, first `limit` of them."""
+    from rigkit.datasets import load_qa, load_splits
+
+    if split not in SPLITS:
+        raise InputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    path = Path(qa)
+    if not path.exists():
+        raise InputError(f"QA file not found: {path}")
+    items = [QAItem.from_record(r) for r in load_qa(path)]
+    if split != "all":
+        wanted = set(load_splits(path.parent)[split])
+        items = [q for q in items if q.id in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise InputError("--limit must be a positive number of questions")
+        items = items[:limit]
+    if not items:
+        raise InputError(f"no questions in {path} for split {split!r}")
+    return items
+
+
+def _resolve_config(config: RunConfig | str | Path | None, index: str | Path | None,
+                    layout: str | None) -> RunConfig:
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if index is not None:
+        if not Path(index).exists():
+            raise InputError(f"index folder not found: {index} (build one with `rigkit index build`)")
+        cfg = cfg.override(retrieval={"index": str(Path(index).resolve())})
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise InputError(f"--layout must be one of {', '.join(LAYOUTS)}")
+        cfg = dataclasses.replace(cfg, context=dataclasses.replace(cfg.context, layout=layout))
+    return cfg
+
+
+def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Merge with an existing meta.json; refuse a different config, data file or split."""
+    path = folder / META_FILE
+    if not path.exists():
+        return meta
+    old = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("config", "qa", "split"):
+        if old.get(key) != meta.get(key):
+            raise InputError(
+                f"{folder} holds an evaluation with a different {key}; resume with the same "
+                "options or choose another --out"
+            )
+    meta["created"] = old.get("created", meta["created"])
+    meta["systems"] = list(dict.fromkeys([*old.get("systems", []), *meta["systems"]]))
+    meta["runs"] = max(int(old.get("runs", 0)), meta["runs"])
+    meta["question_ids"] = list(dict.fromkeys([*old.get("question_ids", []),
+                                               *meta["question_ids"]]))
+    return meta
+
+
+def _load_parts(cfg: RunConfig, specs: list, generator: Any, retriever: Any) -> tuple[Any, Any]:
+    if generator is None:
+        from rigkit.generation import load_generator
+
+        g = cfg.generator
+        generator = load_generator(g.model, use_cache=g.use_cache, temperature=g.temperature,
+                                   top_p=g.top_p, dtype=g.dtype)
+    needs_index = any(s.kind != "closed_book" for s in specs)
+    if retriever is None and needs_index:
+        from rigkit.retrieval import open_retriever
+
+        retriever = open_retriever(cfg.retrieval)
+    return generator, retriever
+
+
+def evaluate(
+    qa: str | Path,
+    out: str | Path,
+    systems: str | Sequence[str] = "closed_book,rag,rig:prob",
+    *,
+    index: str | Path | None = None,
+    config: RunConfig | str | Path | None = None,
+    runs: int = 1,
+    limit: int | None = None,
+    layout: str | None = None,
+    split: str = "all",
+    generator: Any = None,
+    retriever: Any = None,
+    faithfulness: bool = True,
+    traces: bool = True,
+    progress: bool = True,
+    report: bool = True,
+) -> RunSummary:
+    """Run `systems` on the questions of `qa` into `out` (resumable) and write the report.
+
+    `generator` / `retriever` may be passed in (e.g. rigkit.testing's scripted parts); otherwise
+    they are loaded from the config (`--config`), with `index` overriding `retrieval.index`.
+    """
+    if runs < 1:
+        raise InputError("--runs must be at least 1")
+    specs = parse_systems(systems)
+    cfg = _resolve_config(config, index, layout)
+    items = load_questions(qa, split, limit)
+    if split != "test" and any(s.decider == "classifier" for s in specs):
+        print("rigkit eval: warning: a classifier decider evaluated outside the test split may "
+              "have been trained on these questions", file=sys.stderr)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    meta = _check_meta(folder, {
+        "created": now, "updated": now, "qa": str(Path(qa)), "split": split, "limit": limit,
+        "index": str(index) if index is not None else cfg.retrieval.index,
+        "config_file": None if isinstance(config, RunConfig) or config is None else str(config),
+        "config": cfg.to_dict(), "systems": [s.name for s in specs], "runs": runs,
+        "question_ids": [q.id for q in items], "dataset": items[0].dataset,
+        "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
+    })
+    generator, retriever = _load_parts(cfg, specs, generator, retriever)
+    meta["model"] = {"spec": getattr(generator, "spec", cfg.generator.model),
+                     "source": getattr(generator, "source", None)}
+    atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
+    built = build_systems(specs, cfg, generator, retriever)
+    scorer = FaithfulnessScorer() if faithfulness else None
+    summary = run_eval(items, built, folder, runs=runs, base_seed=cfg.generator.seed,
+                       faithfulness=scorer, traces=traces, progress=progress)
+    if report:
+        write_report(folder)
+    return summary

@@ -1,0 +1,105 @@
+"""Plotly figures of an evaluation, pure functions of aggregated stats or result lines.
+
+Imported only by the report (and notebooks): the core never imports plotly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rigkit.eval.aggregate import ALL_TYPES, GroupStats
+
+__all__ = ["accuracy_figure", "latency_figure", "retrievals_figure", "scatter_figure"]
+
+_ACCURACY = (("em", "EM"), ("f1", "F1"), ("cover_em", "Cover EM"))
+
+
+def _go():
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except ImportError as err:  # plotly is a declared dependency; say so if it is missing
+        raise ImportError("rigkit reports need plotly: pip install plotly") from err
+    return go, make_subplots
+
+
+def _systems(groups: list[GroupStats]) -> list[str]:
+    return list(dict.fromkeys(g.system for g in groups))
+
+
+def accuracy_figure(groups: list[GroupStats]) -> Any:
+    """Grouped bars: one panel per accuracy metric, x = question type, a colour per system."""
+    go, make_subplots = _go()
+    types = [ALL_TYPES, *sorted({g.type for g in groups if g.type != ALL_TYPES})]
+    fig = make_subplots(rows=1, cols=len(_ACCURACY), subplot_titles=[t for _, t in _ACCURACY],
+                        shared_yaxes=True)
+    from plotly.colors import qualitative
+
+    palette = qualitative.Plotly  # one colour per system across the panels
+    for s_index, system in enumerate(_systems(groups)):
+        by_type = {g.type: g for g in groups if g.system == system}
+        for col, (key, _) in enumerate(_ACCURACY, start=1):
+            xs = [t for t in types if t in by_type]
+            fig.add_bar(
+                x=xs, y=[by_type[t].mean.get(key) for t in xs], name=system, legendgroup=system,
+                showlegend=col == 1, row=1, col=col,
+                marker_color=palette[s_index % len(palette)],
+                error_y={"type": "data", "visible": True,
+                         "array": [by_type[t].spread.get(key) or 0.0 for t in xs]},
+                customdata=[by_type[t].questions for t in xs],
+                hovertemplate="%{x}: %{y:.3f} (%{customdata} questions)",
+            )
+    fig.update_layout(barmode="group", height=420, title="Accuracy by system and question type",
+                      yaxis_title="score", legend_title="system")
+    return fig
+
+
+def latency_figure(groups: list[GroupStats], stages: list[str]) -> Any:
+    """Stacked bars of mean seconds per question by stage; the rest of wall time is 'other'."""
+    go, _ = _go()
+    fig = go.Figure()
+    systems = [g.system for g in groups]
+    for stage in stages:
+        fig.add_bar(x=systems, y=[g.stages.get(stage, 0.0) for g in groups], name=stage)
+    other = [max(0.0, (g.mean.get("latency") or 0.0) - sum(g.stages.values())) for g in groups]
+    if any(v > 1e-3 for v in other):
+        fig.add_bar(x=systems, y=other, name="other")
+    fig.update_layout(barmode="stack", height=420, title="Latency per question by stage (mean)",
+                      yaxis_title="seconds", legend_title="stage")
+    return fig
+
+
+def retrievals_figure(rows: list[dict[str, Any]]) -> Any:
+    """Histogram of retrievals per answer, one colour per system (integer bins)."""
+    go, _ = _go()
+    fig = go.Figure()
+    good = [r for r in rows if not r.get("error")]
+    for system in dict.fromkeys(r["system"] for r in good):
+        values = [int(r.get("retrievals") or 0) for r in good if r["system"] == system]
+        fig.add_histogram(x=values, name=system, xbins={"start": -0.5, "size": 1})
+    fig.update_layout(barmode="group", height=380, title="Retrievals per question",
+                      xaxis_title="retrievals", yaxis_title="answers", xaxis_dtick=1)
+    return fig
+
+
+def scatter_figure(groups: list[GroupStats]) -> Any:
+    """F1 against mean retrievals: a large point per system, small ones per question type."""
+    go, _ = _go()
+    fig = go.Figure()
+    overall = [g for g in groups if g.type == ALL_TYPES]
+    typed = [g for g in groups if g.type != ALL_TYPES]
+    if typed:
+        fig.add_scatter(
+            x=[g.mean.get("retrievals") for g in typed], y=[g.mean.get("f1") for g in typed],
+            mode="markers", name="system x type", marker={"size": 8, "opacity": 0.5},
+            text=[f"{g.system} / {g.type}" for g in typed], hovertemplate="%{text}<br>"
+            "retrievals %{x:.2f}, F1 %{y:.3f}<extra></extra>")
+    fig.add_scatter(
+        x=[g.mean.get("retrievals") for g in overall], y=[g.mean.get("f1") for g in overall],
+        mode="markers+text", name="system (all questions)", text=[g.system for g in overall],
+        textposition="top center", marker={"size": 14},
+        error_y={"type": "data", "array": [g.spread.get("f1") or 0.0 for g in overall]},
+        hovertemplate="%{text}<br>retrievals %{x:.2f}, F1 %{y:.3f}<extra></extra>")
+    fig.update_layout(height=420, title="Accuracy (F1) vs retrievals per question",
+                      xaxis_title="retrievals per question (mean)", yaxis_title="F1")
+    return fig

@@ -1,0 +1,190 @@
+"""The evaluation report: one Markdown file and one self-contained HTML file with the same numbers.
+
+Both are pure functions of a run folder's `results.jsonl` and `meta.json`, so a report can be
+rebuilt at any time (also while an evaluation is still running). The HTML embeds plotly.js
+inline (`include_plotlyjs=True`) because readers may be offline; figures: accuracy by system and
+question type, latency per stage (stacked), retrievals per question (histogram), accuracy vs
+retrievals (scatter). Files are written to a temporary name and renamed, so a reader never sees
+half a report.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rigkit.errors import InputError
+from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, stage_names
+from rigkit.eval.runner import RESULTS_FILE, read_results
+
+__all__ = ["META_FILE", "load_run", "report_tables", "markdown_report", "report_figures",
+           "write_report", "atomic_write_text"]
+
+META_FILE = "meta.json"
+QUALITY = ("em", "f1", "cover_em", "support_recall", "support_recall_pid", "citation_precision",
+           "faithful")
+COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
+        "tokens_reused", "forward_passes", "extra_model_calls", "latency")
+BY_TYPE = ("em", "f1", "cover_em", "support_recall", "retrievals", "latency")
+_LABEL = {key: label for key, label, _ in METRICS}
+_FORMAT = {key: fmt for key, _, fmt in METRICS}
+
+Table = tuple[list[str], list[list[str]]]  # (header, rows of cells)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename over the target."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(meta, result lines) of a run folder; raises InputError if it holds no results."""
+    folder = Path(run_dir)
+    if not (folder / RESULTS_FILE).exists():
+        raise InputError(f"{folder} holds no {RESULTS_FILE}: run `rigkit eval --out {folder}` first")
+    meta_path = folder / META_FILE
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+    return meta, read_results(folder)
+
+
+def _cell(stats: GroupStats, key: str) -> str:
+    mean, spread = stats.mean.get(key), stats.spread.get(key)
+    if mean is None:
+        return "–"
+    text = _FORMAT[key].format(mean)
+    return f"{text} ± {_FORMAT[key].format(spread)}" if spread is not None else text
+
+
+def _metric_table(groups: list[GroupStats], keys: tuple[str, ...], with_type: bool) -> Table:
+    keys = tuple(k for k in keys if any(g.mean.get(k) is not None for g in groups))
+    header = ["System", *(["Type"] if with_type else []), "Questions", "Runs",
+              *(_LABEL[k] for k in keys)]
+    rows = []
+    for g in groups:
+        lead = [g.system, *([g.type] if with_type else []), str(g.questions), str(g.runs)]
+        rows.append(lead + [_cell(g, k) for k in keys])
+    return header, rows
+
+
+def _latency_table(groups: list[GroupStats], stages: list[str]) -> Table:
+    def fmt(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f}"
+
+    header = ["System", *(f"{s} (s)" for s in stages), "p50 (s)", "p95 (s)", "Errors"]
+    rows = [[g.system, *(fmt(g.stages.get(s)) for s in stages), fmt(g.latency_p50),
+             fmt(g.latency_p95), str(g.errors)] for g in groups]
+    return header, rows
+
+
+def report_tables(rows: list[dict[str, Any]]) -> dict[str, Table]:
+    """Named tables (quality, cost, by type, latency) computed from result lines."""
+    groups = aggregate(rows)
+    overall = [g for g in groups if g.type == ALL_TYPES]
+    typed = [g for g in groups if g.type != ALL_TYPES]
+    return {
+        "Answer quality and evidence": _metric_table(overall, QUALITY, False),
+        "Cost": _metric_table(overall, COST, False),
+        "By question type": _metric_table(typed, BY_TYPE, True),
+        "Latency per question by stage (mean), p50 / p95": _latency_table(overall, stage_names(rows)),
+    }
+
+
+def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    cfg = meta.get("config", {})
+    model = meta.get("model") or next((r.get("model") for r in rows if r.get("model")), {}) or {}
+    questions = len({r["id"] for r in rows})
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    runs = len({r["run"] for r in rows})
+    return [
+        f"Data: `{meta.get('qa', '?')}` (split: {meta.get('split', '?')}), {questions} questions, "
+        f"{len(systems)} systems, {runs} run(s), {len(rows)} answers.",
+        f"Model: `{model.get('spec', cfg.get('generator', {}).get('model', '?'))}` "
+        f"(source: {model.get('source', '?')}), temperature "
+        f"{cfg.get('generator', {}).get('temperature', '?')}; index: `{meta.get('index', '?')}`; "
+        f"layout: {cfg.get('context', {}).get('layout', '?')}; config: "
+        f"`{meta.get('config_file') or 'defaults'}`.",
+        "Figures are means over questions; with several runs, ± is the standard deviation of the "
+        "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
+        "supporting paragraphs (by title; pid: by paragraph id) among the injected passages.",
+    ]
+
+
+def _markdown_table(table: Table) -> str:
+    header, rows = table
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    parts = ["# rigkit evaluation", "", *(line + "  " for line in _describe(meta, rows)), ""]
+    for title, table in report_tables(rows).items():
+        parts += [f"## {title}", "", _markdown_table(table), ""]
+    return "\n".join(parts)
+
+
+def report_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The four plotly figures, by title (plotly imported here, never by the core)."""
+    from rigkit.eval import figures
+
+    groups = aggregate(rows)
+    return {
+        "Accuracy by system and question type": figures.accuracy_figure(groups),
+        "Latency per question by stage": figures.latency_figure(
+            [g for g in groups if g.type == ALL_TYPES], stage_names(rows)),
+        "Retrievals per question": figures.retrievals_figure(rows),
+        "Accuracy vs retrievals": figures.scatter_figure(groups),
+    }
+
+
+def _html_table(table: Table) -> str:
+    header, rows = table
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;
+padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+th{background:#f3f3f3}.note{color:#555}"""
+
+
+def html_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    parts = [f"<p class='note'>{html.escape(line)}</p>" for line in _describe(meta, rows)]
+    for title, table in report_tables(rows).items():
+        parts += [f"<h2>{html.escape(title)}</h2>", _html_table(table)]
+    for i, (title, fig) in enumerate(report_figures(rows).items()):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        # plotly.js once, inline, before the first figure: the file works offline.
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%"))
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>rigkit evaluation</title>"
+            f"<style>{_STYLE}</style></head><body><h1>rigkit evaluation</h1>"
+            f"<p class='note'>Written {stamp}.</p>{''.join(parts)}</body></html>")
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write run_dir/report.md and run_dir/report.html; returns the HTML path."""
+    folder = Path(run_dir)
+    meta, rows = load_run(folder)
+    if not rows:
+        raise InputError(f"{folder / RESULTS_FILE} holds no complete result lines yet")
+    atomic_write_text(folder / "report.md", markdown_report(meta, rows))
+    target = folder / "report.html"
+    atomic_write_text(target, html_report(meta, rows))
+    return target

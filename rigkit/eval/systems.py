@@ -1,0 +1,174 @@
+"""The systems an evaluation compares, named by short strings and built from one `RunConfig`.
+
+Grammar (one name per system, comma-separated on the command line):
+
+    closed_book            no retrieval at all
+    rag[:K]                retrieve once with the question (top K, default retrieval.top_k), then answer
+    rig[:DECIDER[:QUERY]]  the RIG controller with that decider and query mode
+    ...@append|@prefix     optional suffix: passage layout for this system (default: --layout)
+
+Every system shares one generator, one retriever and the config's prompts, so differences come
+from when and what was retrieved. `rig:<decider>` uses that decider with its own defaults unless
+the config's `decider` section names the same decider, in which case the whole section (threshold,
+params, composite members, classifier model file) is used: systems that need more than a name
+come from `--config`. Bare `rig` is exactly the config's decider.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rigkit.config import DeciderConfig, RunConfig
+from rigkit.errors import InputError
+from rigkit.trace import RIGResult
+
+__all__ = ["SystemSpec", "System", "parse_system", "parse_systems", "system_config", "build_system",
+           "build_systems"]
+
+LAYOUTS = ("append", "prefix")
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """A parsed system name. `name` is the canonical string used as the results key."""
+
+    name: str
+    kind: str  # closed_book | rag | rig
+    decider: str | None = None
+    query_mode: str | None = None
+    top_k: int | None = None
+    layout: str | None = None  # None = the run's default layout
+
+
+@dataclass
+class System:
+    """A named way to answer a question: `answer(question, seed) -> RIGResult`."""
+
+    spec: SystemSpec
+    config: RunConfig
+    answer: Callable[[str, int], RIGResult]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _known(module: str, attr: str) -> set[str] | None:
+    """Registry names for validation; None while the registry is not importable."""
+    try:
+        registry = getattr(__import__(module, fromlist=[attr]), attr)
+    except (ImportError, AttributeError):
+        return None
+    return set(registry)
+
+
+def parse_system(text: str) -> SystemSpec:
+    """Parse one system name; raises InputError naming what is allowed."""
+    raw = text.strip()
+    base, _, layout = raw.partition("@")
+    if layout and layout not in LAYOUTS:
+        raise InputError(f"system {raw!r}: layout must be one of {', '.join(LAYOUTS)}")
+    parts = base.split(":")
+    kind, args = parts[0].strip().lower(), [p.strip() for p in parts[1:]]
+    layout = layout or None
+    if kind == "closed_book" and not args:
+        return SystemSpec(raw, "closed_book", layout=layout)
+    if kind == "rag" and len(args) <= 1:
+        if args and not (args[0].isdigit() and int(args[0]) > 0):
+            raise InputError(f"system {raw!r}: rag takes a positive top_k, e.g. rag:5")
+        return SystemSpec(raw, "rag", top_k=int(args[0]) if args else None, layout=layout)
+    if kind == "rig" and len(args) <= 2:
+        decider = args[0] if args and args[0] else None
+        query = args[1] if len(args) > 1 and args[1] else None
+        deciders = _known("rigkit.deciders", "DECIDERS")
+        if decider and deciders is not None and decider not in deciders:
+            raise InputError(f"system {raw!r}: unknown decider {decider!r}; "
+                             f"known: {', '.join(sorted(deciders))}")
+        modes = _known("rigkit.queries", "QUERY_BUILDERS")
+        if query and modes is not None and query not in modes:
+            raise InputError(f"system {raw!r}: unknown query mode {query!r}; "
+                             f"known: {', '.join(sorted(modes))}")
+        return SystemSpec(raw, "rig", decider=decider, query_mode=query, layout=layout)
+    raise InputError(
+        f"unknown system {raw!r}: use closed_book, rag[:K] or rig[:DECIDER[:QUERY_MODE]], "
+        "optionally with @append or @prefix"
+    )
+
+
+def parse_systems(text: str | list[str]) -> list[SystemSpec]:
+    names = text.split(",") if isinstance(text, str) else list(text)
+    specs = [parse_system(n) for n in names if n.strip()]
+    if not specs:
+        raise InputError("no systems given: e.g. --systems closed_book,rag,rig:prob")
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise InputError(f"system {spec.name!r} is listed twice")
+        seen.add(spec.name)
+    return specs
+
+
+def system_config(spec: SystemSpec, config: RunConfig, layout: str | None = None) -> RunConfig:
+    """The run config this system answers with (decider, query mode, top_k, layout replaced)."""
+    layout = spec.layout or layout or config.context.layout
+    config = dataclasses.replace(config, context=dataclasses.replace(config.context, layout=layout))
+    if spec.top_k is not None:
+        config = config.override(retrieval={"top_k": spec.top_k})
+    if spec.decider and spec.decider != config.decider.name:
+        # Another decider's threshold or params would be meaningless here: start from defaults.
+        config = dataclasses.replace(config, decider=DeciderConfig(name=spec.decider))
+    if spec.query_mode:
+        config = config.override(query={"mode": spec.query_mode})
+    return config
+
+
+def _seeded(config: RunConfig, seed: int) -> RunConfig:
+    # The controller reseeds the generator from generator.seed at each question, so a run's seed
+    # has to travel in the config.
+    return dataclasses.replace(config, generator=dataclasses.replace(config.generator, seed=seed))
+
+
+def build_system(spec: SystemSpec, config: RunConfig, generator: Any, retriever: Any,
+                 layout: str | None = None) -> System:
+    """Wire one system to the shared generator and retriever (lazy import of rigkit.build)."""
+    from rigkit import build
+
+    cfg = system_config(spec, config, layout)
+    if spec.kind == "closed_book":
+        return System(spec, cfg, lambda q, seed: build.answer_closed_book(generator, q,
+                                                                          _seeded(cfg, seed)))
+    if retriever is None:
+        raise InputError(f"system {spec.name!r} needs an index (--index or retrieval.index)")
+    if spec.kind == "rag":
+
+        def rag(question: str, seed: int) -> RIGResult:
+            start = time.perf_counter()
+            hits = retriever.search(question, cfg.retrieval.top_k)
+            seconds = time.perf_counter() - start
+            result = build.answer_with_passages(generator, question, hits, _seeded(cfg, seed))
+            result.timings["retrieve"] = result.timings.get("retrieve", 0.0) + seconds
+            result.timings["total"] = result.timings.get("total", 0.0) + seconds
+            result.used_retrieval_times = max(result.used_retrieval_times, 1)
+            return result
+
+        return System(spec, cfg, rag)
+    # One controller per run seed; the first is built now so a bad decider setup fails early.
+    controllers = {cfg.generator.seed: build.build_controller(cfg, generator=generator,
+                                                              retriever=retriever)}
+
+    def rig(question: str, seed: int) -> RIGResult:
+        if seed not in controllers:
+            controllers[seed] = build.build_controller(
+                _seeded(cfg, seed), generator=generator, retriever=retriever)
+        return controllers[seed].run(question)
+
+    return System(spec, cfg, rig)
+
+
+def build_systems(specs: list[SystemSpec], config: RunConfig, generator: Any, retriever: Any,
+                  layout: str | None = None) -> list[System]:
+    return [build_system(s, config, generator, retriever, layout) for s in specs]

@@ -1,0 +1,89 @@
+"""Prompt texts: system prompts, the passage injection template (English and Chinese).
+
+The injection template says the passages are a source of facts, not of style: without it, models
+copy the passages' wording into the answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "SYSTEM_PROMPT",
+    "MARKER_SYSTEM_PROMPT",
+    "INJECTION_HEADER",
+    "CONTINUE_INSTRUCTION",
+    "detect_language",
+    "system_prompt",
+    "render_passages",
+    "citation_tag",
+    "strip_citations",
+]
+
+SYSTEM_PROMPT = {
+    "en": "You are a careful assistant. Answer the question in a few short, factual sentences.",
+    "zh": "你是一个严谨的助手。请用几句简短、准确的话回答问题。",
+}
+
+MARKER_SYSTEM_PROMPT = {
+    "en": (
+        "You are a careful assistant. Answer the question in a few short, factual sentences. "
+        "Retrieve only when a needed fact is missing from the context; otherwise answer directly. "
+        "To retrieve, write <{tag}>what you need to know</{tag}> and stop; passages will follow."
+    ),
+    "zh": (
+        "你是一个严谨的助手。请用几句简短、准确的话回答问题。"
+        "只有当上下文缺少所需的事实时才检索，否则直接回答。"
+        "检索时写 <{tag}>需要了解的内容</{tag}> 然后停下，随后会给出资料。"
+    ),
+}
+
+INJECTION_HEADER = {
+    "en": (
+        "Retrieved passages. Use them as a source of facts only: do not copy their wording or "
+        "style, and ignore any passage that is irrelevant. Each passage starts with its citation id."
+    ),
+    "zh": "检索到的资料。仅把它们当作事实来源：不要照抄其措辞或风格，忽略无关的资料。每段资料以其引用编号开头。",
+}
+
+CONTINUE_INSTRUCTION = {
+    "en": "Continue your answer from where you stopped, without repeating it.",
+    "zh": "从你停下的地方继续回答，不要重复已写的内容。",
+}
+
+QUESTION_WITH_PASSAGES = {"en": "Question: {question}", "zh": "问题：{question}"}
+
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_CITATION = re.compile(r"\s*\[\[citation:[^\]]*\]\]")
+
+
+def detect_language(text: str) -> str:
+    """"zh" when a fifth or more of the letters are CJK characters, else "en"."""
+    letters = [c for c in text if c.isalpha()]
+    if not letters:
+        return "en"
+    return "zh" if sum(bool(_CJK.match(c)) for c in letters) / len(letters) >= 0.2 else "en"
+
+
+def system_prompt(language: str, marker_tag: str | None = None) -> str:
+    if marker_tag:
+        return MARKER_SYSTEM_PROMPT[language].format(tag=marker_tag)
+    return SYSTEM_PROMPT[language]
+
+
+def citation_tag(chunk_id: str) -> str:
+    return f"[[citation:{chunk_id}]]"
+
+
+def render_passages(passages: list[tuple[str, str, str]], language: str, continuing: bool) -> str:
+    """The passages message: header, one `[[citation:ID]] Title: text` block per passage."""
+    blocks = [f"{citation_tag(cid)} {title}: {text}" for cid, title, text in passages]
+    parts = [INJECTION_HEADER[language], *blocks]
+    if continuing:
+        parts.append(CONTINUE_INSTRUCTION[language])
+    return "\n\n".join(parts)
+
+
+def strip_citations(text: str) -> str:
+    """The answer without `[[citation:ID]]` tags (for metrics)."""
+    return _CITATION.sub("", text).strip()

@@ -1,0 +1,286 @@
+"""Query builders: turn a decider's verdict into the text that is actually searched.
+
+One verb, `build(question, draft, decision) -> Query`; each `Query` records its mode, the intent
+it served, the extra model calls it cost and, when a builder had to fall back, what it fell back
+from. Modes follow the papers that introduced them:
+- `marker`: the phrase the model wrote inside its own retrieval marker (Toolformer-style); a
+  phrase shorter than `min_words` falls back to `rewrite` (or to `masked` without a generator).
+- `masked`: FLARE's implicit query: the flagged sentence with its low-confidence words removed.
+- `rewrite`: one helper call to the generator with question, draft and intent (the "consolidate"
+  step of later RIG systems); small models chat around the query, so only the first useful line
+  is kept, preambles / quotes / explanations are stripped and the length is capped.
+- `keywords`: entities, codes and numbers of the flagged span plus the question's key terms.
+- `attention`: DRAGIN's query formulation (QFS): the words the trigger token attends to most,
+  in text order, from `decision.evidence["attended_words"]`; falls back to `masked`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, runtime_checkable
+
+from rigkit.config import QueryConfig
+from rigkit.deciders.text import (
+    count_query_units,
+    fact_words,
+    has_cjk,
+    is_stop,
+    key_terms,
+    mentions,
+    split_words,
+)
+from rigkit.errors import InputError
+from rigkit.markers import strip_markers
+from rigkit.trace import Decision, Query
+
+__all__ = [
+    "QueryBuilder",
+    "MarkerQuery",
+    "MaskedQuery",
+    "RewriteQuery",
+    "KeywordsQuery",
+    "AttentionQuery",
+    "QUERY_BUILDERS",
+    "build_query_builder",
+    "clean_rewrite",
+    "truncate_query",
+]
+
+
+@runtime_checkable
+class QueryBuilder(Protocol):
+    """`build(question, draft, decision) -> Query`."""
+
+    def build(self, question: str, draft: str, decision: Decision) -> Query: ...
+
+
+def _intent(decision: Decision) -> str:
+    return "; ".join(decision.intents) if decision.intents else ""
+
+
+def _with_question_terms(question: str, text: str, include: bool) -> str:
+    """`text` prefixed by the question's key terms that it does not already mention."""
+    if not include:
+        return text
+    terms = [t for t in key_terms(question) if not mentions(text, t)]
+    return " ".join(terms + [text]).strip()
+
+
+def _has_content(text: str) -> bool:
+    return any(not is_stop(w.text) for w in split_words(text))
+
+
+class MaskedQuery:
+    """FLARE's masked query: the segment without its low-confidence spans."""
+
+    mode = "masked"
+
+    def __init__(self, include_question: bool = True):
+        self.include_question = include_question
+
+    def build(self, question: str, draft: str, decision: Decision) -> Query:
+        text = decision.segment_text
+        cuts = sorted(
+            (s.char_start, s.char_end) for s in decision.spans if 0 <= s.char_start < s.char_end
+        )
+        for start, end in reversed(cuts):  # right to left keeps earlier offsets valid
+            text = text[:start] + " " + text[end:]
+        for span in decision.spans:
+            if span.char_start < 0 and span.text:
+                text = text.replace(span.text, " ")
+        text = strip_markers(text, decision.evidence.get("tag", "retrieve"))
+        text = re.sub(r"\s+", " ", text).strip()
+        if not _has_content(text):  # everything was uncertain: the question is what is left
+            return Query(question.strip(), "question", _intent(decision), fallback_from=self.mode)
+        return Query(
+            _with_question_terms(question, text, self.include_question), self.mode, _intent(decision)
+        )
+
+
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+_BULLET = re.compile(r"^\s*(?:[-*•>]|\d+[.)、])\s+")
+_LEAD_IN = re.compile(
+    r"^(?:sure|okay|ok|certainly|of course|absolutely|great|alright|好的|当然)(?:\s*thing)?"
+    r"[\s!,.，。！]*",
+    re.IGNORECASE,
+)
+_LABEL = re.compile(r"^(?P<label>[^:：]{0,60})[:：]\s*(?P<rest>.*)$")
+_LABEL_WORDS = re.compile(r"query|search|keyword|here|查询|搜索|关键词|检索", re.IGNORECASE)
+_HERE_IS = re.compile(r"^here(?:'s|’s| is| are)\b", re.IGNORECASE)
+_EXPLANATION = re.compile(
+    r"\s*(?:\((?:this|which|it|that|to|for|note)\b|\s[-—–]\s+(?:this|which|it|that|to|for)\b).*$",
+    re.IGNORECASE | re.DOTALL,
+)
+# a sentence end after a lowercase letter or digit ("date. This query...", not "U.S. law")
+_SENTENCE_END = re.compile(r"(?<=[a-z0-9\u4e00-\u9fff\"”'])[.!?](?:\s.*)?$|[。！？].*$", re.DOTALL)
+_QUOTES = "\"“”«»「」『』`*"
+
+
+def clean_rewrite(text: str, max_words: int = 30) -> str:
+    """The search query in a chatty model reply: first useful line, no preamble, quotes,
+    markdown or trailing explanation, at most `max_words` words / CJK characters."""
+    text = _THINK.sub("", text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    query = ""
+    for line in lines:
+        line = _BULLET.sub("", line).replace("**", "").strip()
+        line = _LEAD_IN.sub("", line)
+        label = _LABEL.match(line)
+        if label and _LABEL_WORDS.search(label["label"]):
+            line = label["rest"]
+        if _HERE_IS.match(line) or not line.strip(_QUOTES + " '.,:;!?"):
+            continue  # a preamble ("Here is a search query for you.") or nothing left
+        query = line
+        break
+    query = strip_markers(query)
+    query = _SENTENCE_END.sub("", _EXPLANATION.sub("", query))
+    query = query.translate({ord(c): " " for c in _QUOTES})
+    query = query.strip(" '‘’.,;:!?。，；：！？")
+    query = re.sub(r"\s+", " ", query)
+    return truncate_query(query, max_words)
+
+
+def truncate_query(text: str, max_words: int = 30) -> str:
+    """`text` cut after `max_words` units, a unit being a word or one CJK character."""
+    if count_query_units(text) <= max_words:
+        return text
+    units = list(re.finditer(r"[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff]|[^\s\u3400-\u9fff]+", text))
+    return text[: units[max_words - 1].end()].strip() if max_words > 0 else ""
+
+
+class RewriteQuery:
+    """One helper call: the model writes the search query; its reply is cleaned."""
+
+    mode = "rewrite"
+
+    def __init__(self, generator: object, max_words: int = 30, max_new_tokens: int = 48):
+        if generator is None or not callable(getattr(generator, "generate", None)):
+            raise InputError("query mode 'rewrite' needs a generator with generate()")
+        self.generator = generator
+        self.max_words = max_words
+        self.max_new_tokens = max_new_tokens
+
+    def prompt(self, question: str, draft: str, intent: str) -> str:
+        if has_cjk(question):
+            return (
+                "请写一个简短的搜索查询，用来查找回答问题所缺少的信息。\n"
+                f"问题：{question}\n当前回答：{draft or '（尚无）'}\n"
+                + (f"缺少：{intent}\n" if intent else "")
+                + "只回复查询本身，一行。"
+            )
+        return (
+            "Write one short search query that would find the missing information.\n"
+            f"Question: {question}\nAnswer so far: {draft or '(nothing yet)'}\n"
+            + (f"Missing: {intent}\n" if intent else "")
+            + "Reply with the query only, on one line."
+        )
+
+    def build(self, question: str, draft: str, decision: Decision) -> Query:
+        intent = _intent(decision) or strip_markers(decision.segment_text)
+        reply = self.generator.generate(
+            self.prompt(question, draft, intent), max_new_tokens=self.max_new_tokens
+        )
+        text = clean_rewrite(reply, self.max_words)
+        if not _has_content(text):  # the model produced nothing usable
+            return Query(question.strip(), "question", intent, llm_calls=1, fallback_from=self.mode)
+        return Query(text, self.mode, intent, llm_calls=1)
+
+
+class MarkerQuery:
+    """The marker's own phrase; too short (< `min_words`) and it falls back to `fallback`."""
+
+    mode = "marker"
+
+    def __init__(self, min_words: int = 2, fallback: QueryBuilder | None = None):
+        self.min_words = min_words
+        self.fallback = fallback or MaskedQuery()
+
+    def build(self, question: str, draft: str, decision: Decision) -> Query:
+        markers = decision.evidence.get("markers")
+        phrases = [m["phrase"] for m in markers if m["phrase"]] if markers else decision.intents
+        text = "; ".join(p.strip() for p in phrases if p.strip())
+        if count_query_units(text) >= self.min_words:
+            return Query(text, self.mode, text)
+        query = self.fallback.build(question, draft, decision)
+        query.fallback_from = self.mode
+        return query
+
+
+class KeywordsQuery:
+    """Entities / codes / numbers of the flagged spans (else their content words), plus the
+    question's key terms; deduplicated, in order, capped at `max_words`."""
+
+    mode = "keywords"
+
+    def __init__(self, include_question: bool = True, max_words: int = 30):
+        self.include_question = include_question
+        self.max_words = max_words
+
+    def build(self, question: str, draft: str, decision: Decision) -> Query:
+        sources = [s.text for s in decision.spans] + list(decision.intents)
+        if not sources:
+            sources = [w.text for w in fact_words(decision.segment_text)]
+        terms: list[str] = []
+        for source in sources:
+            source = strip_markers(source, decision.evidence.get("tag", "retrieve"))
+            facts = [w.text for w in fact_words(source)]
+            terms += facts or [w.text for w in split_words(source) if not is_stop(w.text)]
+        if self.include_question:
+            terms += key_terms(question)
+        unique: list[str] = []
+        for term in terms:
+            if not any(mentions(u, term) for u in unique):
+                unique = [u for u in unique if not mentions(term, u)] + [term]
+        text = truncate_query(" ".join(unique), self.max_words)
+        if not text:
+            return Query(question.strip(), "question", _intent(decision), fallback_from=self.mode)
+        return Query(text, self.mode, _intent(decision))
+
+
+class AttentionQuery:
+    """DRAGIN's QFS: the words the trigger token attended to most; else `fallback` (masked)."""
+
+    mode = "attention"
+
+    def __init__(self, include_question: bool = True, fallback: QueryBuilder | None = None):
+        self.include_question = include_question
+        self.fallback = fallback or MaskedQuery(include_question)
+
+    def build(self, question: str, draft: str, decision: Decision) -> Query:
+        words = decision.evidence.get("attended_words") or []
+        if not words:
+            query = self.fallback.build(question, draft, decision)
+            query.fallback_from = self.mode
+            return query
+        text = _with_question_terms(question, " ".join(words), self.include_question)
+        return Query(text, self.mode, _intent(decision))
+
+
+QUERY_BUILDERS: dict[str, type] = {
+    "marker": MarkerQuery,
+    "masked": MaskedQuery,
+    "rewrite": RewriteQuery,
+    "keywords": KeywordsQuery,
+    "attention": AttentionQuery,
+}
+
+
+def build_query_builder(config: QueryConfig, generator: object | None = None) -> QueryBuilder:
+    """The builder for `config.mode`. `rewrite` needs the generator; `marker` falls back to
+    rewrite when a generator is given, to masked otherwise."""
+    mode = config.mode
+    if mode not in QUERY_BUILDERS:
+        raise InputError(f"unknown query mode {mode!r}; known: {', '.join(QUERY_BUILDERS)}")
+    masked = MaskedQuery(config.include_question)
+    if mode == "masked":
+        return masked
+    if mode == "rewrite":
+        return RewriteQuery(generator, max_words=config.max_words)
+    if mode == "marker":
+        fallback = RewriteQuery(generator, config.max_words) if generator is not None else masked
+        return MarkerQuery(config.min_marker_words, fallback)
+    if mode == "keywords":
+        return KeywordsQuery(config.include_question, config.max_words)
+    if mode == "attention":
+        return AttentionQuery(config.include_question, masked)
+    return QUERY_BUILDERS[mode]()  # a builder registered by the user, built with defaults

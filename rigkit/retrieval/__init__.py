@@ -1,0 +1,26 @@
+"""Hybrid retrieval for RIG: BM25 + dense vectors fused by Reciprocal Rank Fusion, saved indexes.
+
+`open_retriever(config)` is what the RIG loop calls; `Index.build` / `Index.load` manage saved
+indexes; the three retrievers can also be built directly from a chunk list.
+"""
+
+from __future__ import annotations
+
+from rigkit.retrieval.base import Retriever
+from rigkit.retrieval.bm25 import BM25Retriever
+from rigkit.retrieval.dense import DenseRetriever
+from rigkit.retrieval.factory import demo_corpus_path, open_index, open_retriever
+from rigkit.retrieval.hybrid import HybridRetriever, rrf_scores
+from rigkit.retrieval.index import Index
+
+__all__ = [
+    "Retriever",
+    "Index",
+    "open_retriever",
+    "open_index",
+    "demo_corpus_path",
+    "BM25Retriever",
+    "DenseRetriever",
+    "HybridRetriever",
+    "rrf_scores",
+]

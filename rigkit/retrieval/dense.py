@@ -1,0 +1,128 @@
+"""Dense retrieval: sentence-transformer embeddings (normalised) in a faiss inner-product index.
+
+Normalised vectors make inner product = cosine similarity. `IndexFlatIP` is exact and the default;
+for large corpora `hnsw` (graph, Malkov & Yashunin 2018) or `ivf` (inverted lists over k-means
+cells) trade a little recall for speed: `bench/retrieval.py` reports how much. Exact ranks and
+scores of chunks outside the top list come from the stored vectors, so fused hits can show every
+retriever's view even when one retriever did not list them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rigkit.corpus import Chunk
+from rigkit.errors import InputError
+from rigkit.retrieval.ranking import Scored, hits_from_scored
+from rigkit.trace import Hit
+
+__all__ = ["DENSE_INDEXES", "build_faiss_index", "embed_texts", "DenseRetriever"]
+
+DENSE_INDEXES = ("flat", "hnsw", "ivf")
+HNSW_M = 32  # graph degree; faiss's usual default for ~100k vectors
+HNSW_EF_SEARCH = 64
+IVF_PROBE_SHARE = 1 / 16  # share of cells visited per query
+
+
+def embed_texts(embedder, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    """(n, dim) float32 unit vectors; sentence-transformers batches and sorts by length."""
+    vectors = embedder.encode(
+        list(texts),
+        batch_size=batch_size,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=progress,
+    )
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def build_faiss_index(vectors: np.ndarray, kind: str = "flat"):
+    """A faiss inner-product index over `vectors` (n, dim)."""
+    import faiss
+
+    if kind not in DENSE_INDEXES:
+        raise InputError(f"unknown dense index {kind!r}; choose from {DENSE_INDEXES}")
+    n, dim = vectors.shape
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = HNSW_EF_SEARCH
+    else:
+        # ~4 sqrt(n) cells, but at least 39 training points per cell (faiss's own floor).
+        nlist = max(1, min(int(4 * math.sqrt(n)), n // 39))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        index.nprobe = max(1, math.ceil(nlist * IVF_PROBE_SHARE))
+    index.add(vectors)
+    return index
+
+
+class DenseRetriever:
+    """Semantic retriever: embeds the query, searches faiss, returns the nearest chunks."""
+
+    name = "dense"
+
+    def __init__(self, chunks: Sequence[Chunk], index, embedding_model: str, embedder=None):
+        if index.ntotal != len(chunks):
+            raise InputError(f"faiss index holds {index.ntotal} vectors for {len(chunks)} chunks")
+        self.chunks = chunks
+        self.index = index
+        self.embedding_model = embedding_model
+        self._embedder = embedder
+        self._vectors: np.ndarray | None = None
+
+    @classmethod
+    def build(
+        cls, chunks: Sequence[Chunk], embedding_model: str = "all-MiniLM-L6-v2", kind: str = "flat",
+        embedder=None, batch_size: int = 64,
+    ) -> DenseRetriever:
+        from rigkit.embeddings import load_embedder
+
+        embedder = embedder or load_embedder(embedding_model)
+        vectors = embed_texts(embedder, [c.index_text for c in chunks], batch_size)
+        return cls(chunks, build_faiss_index(vectors, kind), embedding_model, embedder)
+
+    @property
+    def embedder(self):
+        if self._embedder is None:  # loaded on first query, so Index.load stays fast
+            from rigkit.embeddings import load_embedder
+
+            self._embedder = load_embedder(self.embedding_model)
+        return self._embedder
+
+    def save(self, path: str | Path) -> None:
+        import faiss
+
+        faiss.write_index(self.index, str(path))
+
+    @staticmethod
+    def read_index(path: str | Path):
+        import faiss
+
+        return faiss.read_index(str(path))
+
+    def encode(self, query: str) -> np.ndarray:
+        return embed_texts(self.embedder, [query])[0]
+
+    def _all_scores(self, vector: np.ndarray) -> np.ndarray:
+        if self._vectors is None:
+            if hasattr(self.index, "make_direct_map"):  # IVF keeps no id -> vector map by default
+                self.index.make_direct_map()
+            self._vectors = self.index.reconstruct_n(0, self.index.ntotal)
+        return self._vectors @ vector
+
+    def scored(self, query: str, depth: int, vector: np.ndarray | None = None) -> Scored:
+        vector = self.encode(query) if vector is None else vector
+        scores, ids = self.index.search(vector[None, :], min(depth, self.index.ntotal))
+        ranked = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        ranked.sort(key=lambda p: (-p[1], p[0]))  # ties by position, like every rigkit ranking
+        return Scored(self.name, ranked, _lazy_full=lambda: self._all_scores(vector).astype(np.float64))
+
+    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+        scored = self.scored(query, top_k * 2)
+        return hits_from_scored(scored, self.chunks, top_k)

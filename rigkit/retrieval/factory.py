@@ -1,0 +1,113 @@
+"""`open_retriever(config)`: the one call the RIG loop makes to get its retriever.
+
+- `config.index` set: load that saved index; settings that differ from it are an error.
+- `config.corpus` set: an implicit index, cached under the user cache folder and keyed by the
+  corpus bytes and every build parameter, so an edited corpus or a new chunk size rebuilds it.
+- neither: the same, for the demo corpus shipped in the source tree (`data/demo/corpus.jsonl`).
+The cache folder is `platformdirs.user_cache_dir("rigkit")/indexes` (or `$RIGKIT_CACHE_DIR`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from rigkit.config import RetrievalConfig
+from rigkit.errors import CorpusError, IndexMismatchError
+from rigkit.retrieval.index import FORMAT_VERSION, Index, check_manifest, resolve_chunk_size
+from rigkit.textproc import TOKENIZER_VERSION
+
+__all__ = ["open_retriever", "open_index", "demo_corpus_path", "cache_dir"]
+
+log = logging.getLogger(__name__)
+_DEFAULTS = RetrievalConfig()
+
+
+def demo_corpus_path() -> Path:
+    """data/demo/corpus.jsonl of the source tree this package was imported from."""
+    import rigkit
+
+    path = Path(rigkit.__file__).resolve().parent.parent / "data" / "demo" / "corpus.jsonl"
+    if not path.exists():
+        raise CorpusError(
+            f"the demo corpus is not at {path} (it ships with the source tree, not the wheel); "
+            "pass a corpus (--corpus / retrieval.corpus) or a saved index (--index / retrieval.index)"
+        )
+    return path
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("RIGKIT_CACHE_DIR")
+    if override:
+        return Path(override) / "indexes"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("rigkit")) / "indexes"
+
+
+def _build_params(config: RetrievalConfig) -> dict:
+    from rigkit.embeddings import canonical_model_name
+
+    return {
+        "embedding_model": canonical_model_name(config.embedding_model),
+        "chunk_size": resolve_chunk_size(config.embedding_model, config.chunk_size),
+        "overlap": config.overlap,
+        "bm25_method": config.bm25_method,
+        "k1": config.k1,
+        "b": config.b,
+        "dense_index": config.dense_index,
+    }
+
+
+def open_index(config: RetrievalConfig) -> Index:
+    """The index `config` describes: explicit (checked), or implicit (cached, rebuilt on change)."""
+    if config.index is not None:
+        # Fields left at their defaults defer to the index; fields the user set must match it.
+        expected = {
+            name: getattr(config, name)
+            for name in ("bm25_method", "k1", "b", "dense_index")
+            if getattr(config, name) != getattr(_DEFAULTS, name)
+        }
+        index = Index.load(config.index)
+        check_manifest(index.manifest, Path(config.index), config.embedding_model,
+                       chunk_size=config.chunk_size, **expected)
+        return index
+    corpus = Path(config.corpus) if config.corpus is not None else demo_corpus_path()
+    if not corpus.exists():
+        raise CorpusError(f"{corpus}: corpus not found")
+    from rigkit.corpus import corpus_fingerprint
+
+    params = _build_params(config)
+    key_source = json.dumps(
+        {"corpus": corpus_fingerprint(corpus), "format": FORMAT_VERSION, "tokens": TOKENIZER_VERSION, **params},
+        sort_keys=True,
+    )
+    folder = cache_dir() / f"{corpus.stem}-{hashlib.sha256(key_source.encode()).hexdigest()[:16]}"
+    if (folder / "manifest.json").exists():
+        try:
+            return Index.load(folder, params["embedding_model"])
+        except (IndexMismatchError, OSError, ValueError, KeyError) as err:
+            log.warning("cached index %s unusable (%s); rebuilding", folder, err)
+    log.info("building index for %s in %s", corpus, folder)
+    return Index.build(
+        corpus, folder, embedding_model=config.embedding_model, chunk_size=params["chunk_size"],
+        overlap=config.overlap, bm25_method=config.bm25_method, k1=config.k1, b=config.b,
+        dense_index=config.dense_index,
+    )
+
+
+def open_retriever(config: RetrievalConfig | None = None):
+    """The `Retriever` for a run: `config.mode` over the index `config` describes."""
+    config = config or RetrievalConfig()
+    return open_index(config).retriever(
+        config.mode,
+        bm25_backend=config.bm25_backend,
+        rrf_k=config.rrf_k,
+        bm25_top_k=config.bm25_top_k,
+        dense_top_k=config.dense_top_k,
+        bm25_weight=config.bm25_weight,
+        dense_weight=config.dense_weight,
+    )

@@ -1,0 +1,272 @@
+"""A saved retrieval index: one chunk file, its BM25 matrix, its faiss vectors, a manifest.
+
+Layout of an index folder:
+    manifest.json   embedding model (canonical name), dimension, chunk parameters, corpus hash,
+                    BM25 variant, dense index kind, rigkit version, build timings
+    chunks.jsonl    the chunks both indexes were built from (chunk i = row i = vector i)
+    bm25/           bm25s's sparse score matrix and vocabulary
+    dense.faiss     the faiss index
+The build happens in a temporary sibling folder that is renamed into place at the end, so an
+interrupted build leaves no half index (and an older index at that path survives). Loading checks
+the manifest and refuses an index built for another embedding model: a mismatch is an error, not
+a silent rebuild. Loading reads files only; the embedding model loads at the first dense query.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rigkit.corpus import Chunk, chunk_documents, corpus_fingerprint, load_documents, read_chunks, write_chunks
+from rigkit.errors import IndexMismatchError, InputError
+from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
+from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
+from rigkit.retrieval.hybrid import HybridRetriever
+from rigkit.textproc import TOKENIZER_VERSION, tokenize_many
+
+__all__ = ["FORMAT_VERSION", "MODES", "Index", "resolve_chunk_size"]
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+MODES = ("bm25", "dense", "hybrid")
+
+
+def resolve_chunk_size(embedding_model: str, chunk_size: int | None) -> int:
+    """The chunk size to use: default and ceiling are the embedding model's input limit."""
+    from rigkit.embeddings import max_seq_length
+
+    limit = max_seq_length(embedding_model)
+    if chunk_size is None:
+        return limit
+    if chunk_size > limit:
+        raise InputError(
+            f"chunk_size {chunk_size} exceeds the {limit}-token input limit of {embedding_model}; "
+            f"the model would silently truncate. Use --chunk-size {limit} or less."
+        )
+    return chunk_size
+
+
+@dataclass
+class Index:
+    path: Path
+    manifest: dict[str, Any]
+    chunks: list[Chunk]
+    _bm25: BM25Retriever | None = None
+    _faiss: Any = None
+    _embedder: Any = None  # None: the manifest's model, loaded at the first dense query
+    _retrievers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def embedding_model(self) -> str:
+        return self.manifest["embedding_model"]
+
+    # ------------------------------------------------------------ build
+
+    @classmethod
+    def build(
+        cls,
+        corpus: str | Path,
+        out: str | Path,
+        embedding_model: str = "all-MiniLM-L6-v2",
+        chunk_size: int | None = None,
+        overlap: int = 64,
+        split: bool = True,
+        bm25_method: str = "lucene",
+        k1: float = 1.5,
+        b: float = 0.75,
+        dense_index: str = "flat",
+        batch_size: int = 64,
+        progress: bool = False,
+        embedder: Any = None,
+    ) -> Index:
+        """Chunk `corpus`, build both indexes from the one chunk list, write them to `out`.
+
+        `embedder` (anything with sentence-transformers' `encode`) replaces the model loaded by
+        name, e.g. a stub in tests; the manifest still records `embedding_model`."""
+        from rigkit import __version__
+        from rigkit.embeddings import canonical_model_name, load_embedder, load_tokenizer
+
+        out = Path(out)
+        _check_target(out)
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        docs = load_documents(corpus)  # raises on a malformed line before anything is written
+        size = resolve_chunk_size(embedding_model, chunk_size)
+        chunks = chunk_documents(docs, load_tokenizer(embedding_model), size, overlap, split)
+        timings["chunking_s"] = time.perf_counter() - started
+        if not split:
+            _warn_truncation(chunks, embedding_model, size)
+
+        t = time.perf_counter()
+        bm25 = BM25Retriever.build(chunks, "bm25s", bm25_method, k1, b, tokens=tokenize_many(c.index_text for c in chunks))
+        timings["bm25_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        embedder = embedder or load_embedder(embedding_model)
+        vectors = embed_texts(embedder, [c.index_text for c in chunks], batch_size, progress)
+        timings["embedding_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        faiss_index = build_faiss_index(vectors, dense_index)
+        timings["faiss_s"] = time.perf_counter() - t
+
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "rigkit_version": __version__,
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "embedding_model": canonical_model_name(embedding_model),
+            "dimension": int(vectors.shape[1]),
+            "chunking": {"chunk_size": size, "overlap": overlap, "split": split},
+            "corpus": {"name": Path(corpus).name, "sha256": corpus_fingerprint(corpus), "documents": len(docs)},
+            "chunks": len(chunks),
+            "bm25": {"method": bm25_method, "k1": k1, "b": b, "tokenizer": TOKENIZER_VERSION},
+            "dense": {"index": dense_index, "normalized": True, "metric": "inner_product"},
+            "timings": {k: round(v, 3) for k, v in timings.items()},
+        }
+        with _atomic_dir(out) as tmp:
+            write_chunks(tmp / "chunks.jsonl", chunks)
+            bm25.save(tmp / "bm25")
+            DenseRetriever(chunks, faiss_index, embedding_model).save(tmp / "dense.faiss")
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        return cls(out, manifest, chunks, _bm25=bm25, _faiss=faiss_index, _embedder=embedder)
+
+    # ------------------------------------------------------------ load
+
+    @classmethod
+    def load(cls, path: str | Path, embedding_model: str | None = None, embedder: Any = None) -> Index:
+        """Open a saved index; `embedding_model` (if given) must match the one it was built with."""
+        path = Path(path)
+        manifest_file = path / "manifest.json"
+        if not manifest_file.exists():
+            raise InputError(f"{path} is not a rigkit index (no manifest.json); build one with `rigkit index build`")
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise IndexMismatchError(
+                f"{path}: index format {manifest.get('format_version')}, this rigkit reads {FORMAT_VERSION}; rebuild it"
+            )
+        if embedding_model is not None:
+            check_manifest(manifest, path, embedding_model=embedding_model)
+        return cls(path, manifest, read_chunks(path / "chunks.jsonl"), _embedder=embedder)
+
+    # ------------------------------------------------------------ retrievers
+
+    def bm25(self, backend: str = "bm25s") -> BM25Retriever:
+        if backend not in BM25_BACKENDS:
+            raise InputError(f"unknown BM25 backend {backend!r}; choose from {BM25_BACKENDS}")
+        key = f"bm25:{backend}"
+        if key not in self._retrievers:
+            p = self.manifest["bm25"]
+            if backend == "bm25s" and self._bm25 is not None:
+                retriever = self._bm25
+            elif backend == "bm25s":
+                retriever = BM25Retriever.load(self.path / "bm25", self.chunks, p["method"], p["k1"], p["b"])
+            else:  # the reference backend is rebuilt in memory from the same chunks
+                retriever = BM25Retriever.build(self.chunks, "rank_bm25", p["method"], p["k1"], p["b"])
+            self._retrievers[key] = retriever
+        return self._retrievers[key]
+
+    def dense(self) -> DenseRetriever:
+        if "dense" not in self._retrievers:
+            faiss_index = self._faiss or DenseRetriever.read_index(self.path / "dense.faiss")
+            self._retrievers["dense"] = DenseRetriever(self.chunks, faiss_index, self.embedding_model, self._embedder)
+        return self._retrievers["dense"]
+
+    def retriever(
+        self,
+        mode: str = "hybrid",
+        bm25_backend: str = "bm25s",
+        rrf_k: int = 60,
+        bm25_top_k: int = 20,
+        dense_top_k: int = 20,
+        bm25_weight: float = 1.0,
+        dense_weight: float = 1.0,
+    ):
+        """A `Retriever` over this index: "bm25", "dense" or "hybrid" (RRF of both)."""
+        if mode == "bm25":
+            return self.bm25(bm25_backend)
+        if mode == "dense":
+            return self.dense()
+        if mode == "hybrid":
+            return HybridRetriever(
+                {"bm25": self.bm25(bm25_backend), "dense": self.dense()},
+                weights={"bm25": bm25_weight, "dense": dense_weight},
+                top_ks={"bm25": bm25_top_k, "dense": dense_top_k},
+                rrf_k=rrf_k,
+            )
+        raise InputError(f"unknown retrieval mode {mode!r}; choose from {MODES}")
+
+
+def check_manifest(manifest: dict[str, Any], path: Path, embedding_model: str | None = None, **expected: Any) -> None:
+    """Raise IndexMismatchError if the index was built with other settings than `expected`.
+
+    `expected` keys: chunk_size, bm25_method, k1, b, dense_index (None = accept the index's)."""
+    from rigkit.embeddings import canonical_model_name
+
+    built = {
+        "embedding_model": manifest["embedding_model"],
+        "chunk_size": manifest["chunking"]["chunk_size"],
+        "bm25_method": manifest["bm25"]["method"],
+        "k1": manifest["bm25"]["k1"],
+        "b": manifest["bm25"]["b"],
+        "dense_index": manifest["dense"]["index"],
+    }
+    asked = dict(expected)
+    if embedding_model is not None:
+        asked["embedding_model"] = canonical_model_name(embedding_model)
+    wrong = [f"{k}: index has {built[k]!r}, asked for {v!r}" for k, v in asked.items() if v is not None and built[k] != v]
+    if wrong:
+        raise IndexMismatchError(
+            f"index {path} does not match the requested settings ({'; '.join(wrong)}). Rebuild it with "
+            "`rigkit index build --corpus ... --out ...` using those settings, or ask for the index's own."
+        )
+
+
+def _warn_truncation(chunks: list[Chunk], embedding_model: str, limit: int) -> None:
+    from rigkit.embeddings import load_tokenizer
+
+    tokenizer = load_tokenizer(embedding_model)
+    over = sum(len(ids) > limit for ids in tokenizer([c.index_text for c in chunks], verbose=False)["input_ids"])
+    if over:
+        log.warning("%d of %d unsplit documents exceed %d tokens; %s truncates them", over, len(chunks), limit, embedding_model)
+
+
+def _check_target(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").exists())):
+        raise InputError(f"{out} exists and is not a rigkit index; refusing to overwrite it")
+
+
+class _atomic_dir:
+    """Context manager: yields a temp folder beside `target`; on success it replaces `target`."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=f".{self.target.name}.building-"))
+        os.chmod(self.tmp, 0o755)  # mkdtemp makes it private; an index is an ordinary folder
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        old = None
+        if self.target.exists():  # a directory rename cannot replace a non-empty one: swap aside
+            old = self.target.parent / f".{self.target.name}.old-{os.getpid()}-{time.time_ns()}"
+            os.replace(self.target, old)
+        try:
+            os.replace(self.tmp, self.target)
+        except BaseException:
+            if old is not None:
+                os.replace(old, self.target)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,223 @@
+"""The typed, versioned record of a RIG run.
+
+Everything that crosses module lines is a plain dataclass defined here: what the generator
+produced (`Segment`), what a decider judged (`Decision`), what was searched (`Query`), what came
+back (`Hit`), what the context manager did with it (`Injection`, `TokenBudget`), and one
+`RoundTrace` per round inside a `RIGResult`. Widgets, plots and metrics are pure functions of
+these; a result serialises to JSON and loads back exactly, so a notebook can replay a run
+without a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "TRACE_VERSION",
+    "Segment",
+    "Span",
+    "Decision",
+    "Query",
+    "Hit",
+    "Injection",
+    "TokenBudget",
+    "RoundTrace",
+    "RIGResult",
+]
+
+TRACE_VERSION = 1
+
+
+@dataclass
+class Segment:
+    """One piece of generated text, usually a sentence, with per-token evidence.
+
+    `tokens`, `token_ids`, `logprobs` and `entropies` are parallel lists, one entry per generated
+    token. Log-probabilities and entropies (in nats) come from the model's raw logits.
+    """
+
+    text: str
+    tokens: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"  # "stop" (sentence or marker end), "end_of_turn", "length"
+    tokens_prefilled: int = 0  # prompt tokens this call had to run through the model
+    tokens_reused: int = 0  # prompt tokens served from the KV cache
+    # Last-layer attention among the segment's own tokens, (n_tokens, n_tokens); filled on demand
+    # by a decider that needs it (DRAGIN), otherwise None.
+    attention: list[list[float]] | None = None
+
+    @property
+    def probs(self) -> list[float]:
+        return [math.exp(lp) for lp in self.logprobs]
+
+    @property
+    def finished(self) -> bool:
+        """True when the model ended its answer (end of turn) rather than pausing."""
+        return self.finish_reason == "end_of_turn"
+
+
+@dataclass
+class Span:
+    """A triggering span: token indices [start, end) in the segment, and its text."""
+
+    start: int
+    end: int
+    text: str
+    score: float = 0.0
+    char_start: int = -1  # character offsets of the span in the segment text (-1: unknown)
+    char_end: int = -1
+
+
+@dataclass
+class Decision:
+    """A decider's verdict on one segment. `score` in [0, 1] is how strongly it wants retrieval."""
+
+    retrieve: bool
+    score: float
+    reason: str
+    decider: str = ""
+    threshold: float | None = None
+    intents: list[str] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    extra_forward_passes: int = 0  # e.g. DRAGIN's attention pass
+    segment_text: str = ""  # the judged segment's text (set by the controller)
+    evidence: dict[str, Any] = field(default_factory=dict)  # decider-specific, JSON-able
+
+
+@dataclass
+class Query:
+    """What was searched, how it was built, and what building it cost."""
+
+    text: str
+    mode: str
+    intent: str = ""
+    llm_calls: int = 0
+    fallback_from: str | None = None  # e.g. "marker" when a too-short marker phrase fell back
+
+
+@dataclass
+class Hit:
+    """One retrieved chunk with its fused score and its rank/score in every retriever."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    text: str
+    score: float
+    ranks: dict[str, int] = field(default_factory=dict)  # retriever name -> 1-based rank
+    scores: dict[str, float] = field(default_factory=dict)  # retriever name -> raw score
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Injection:
+    """What the context manager did with a round's hits (chunk ids)."""
+
+    added: list[str] = field(default_factory=list)
+    dropped_duplicates: list[str] = field(default_factory=list)
+    dropped_budget: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    tokens_added: int = 0
+
+
+@dataclass
+class TokenBudget:
+    """Where the context's tokens go at one moment, against the model's limit."""
+
+    system: int = 0
+    question: int = 0
+    passages: int = 0
+    draft: int = 0
+    limit: int = 0
+    max_retrieval_tokens: int = 0
+
+    @property
+    def used(self) -> int:
+        return self.system + self.question + self.passages + self.draft
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+
+@dataclass
+class RoundTrace:
+    """Everything a notebook needs to show one round without re-running it.
+
+    A round is one generated segment plus, when the decider fired, its retrieval.
+    """
+
+    index: int
+    segment: Segment
+    decision: Decision
+    query: Query | None = None
+    hits: list[Hit] = field(default_factory=list)
+    injection: Injection | None = None
+    action: str = "accept"  # "accept", "continue" (kept, then injected), "regenerate", "skip"
+    error: str | None = None  # a retriever/query error recorded instead of crashing the run
+    budget: TokenBudget = field(default_factory=TokenBudget)
+    draft: str = ""  # the clean answer text after this round
+    tokens_prefilled: int = 0
+    tokens_reused: int = 0
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    retrieval_round: int = 0  # how many retrievals had happened after this round
+
+
+@dataclass
+class RIGResult:
+    """The outcome of one question: clean answer, every round, and what it cost."""
+
+    question: str
+    answer: str
+    rounds: list[RoundTrace] = field(default_factory=list)
+    used_retrieval_times: int = 0
+    citations: list[str] = field(default_factory=list)
+    tokens: dict[str, int] = field(
+        default_factory=lambda: {"prompt": 0, "generated": 0, "prefilled": 0, "reused": 0}
+    )
+    timings: dict[str, float] = field(default_factory=dict)
+    low_confidence: bool = False
+    passages: list[Hit] = field(default_factory=list)  # passages in context at the end
+    config: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)  # spec, source (gguf/hub/local), dtype
+    version: int = TRACE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RIGResult:
+        if data.get("version", TRACE_VERSION) > TRACE_VERSION:
+            raise ValueError(
+                f"trace version {data['version']} is newer than this rigkit ({TRACE_VERSION})"
+            )
+        data = dict(data)
+        data["rounds"] = [_round_from_dict(r) for r in data.get("rounds", [])]
+        data["passages"] = [Hit(**h) for h in data.get("passages", [])]
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RIGResult:
+        return cls.from_dict(json.loads(text))
+
+
+def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
+    data = dict(data)
+    data["segment"] = Segment(**data["segment"])
+    decision = dict(data["decision"])
+    decision["spans"] = [Span(**s) for s in decision.get("spans", [])]
+    data["decision"] = Decision(**decision)
+    data["query"] = Query(**data["query"]) if data.get("query") else None
+    data["hits"] = [Hit(**h) for h in data.get("hits", [])]
+    data["injection"] = Injection(**data["injection"]) if data.get("injection") else None
+    data["budget"] = TokenBudget(**data.get("budget", {}))
+    return RoundTrace(**data)

@@ -1,0 +1,316 @@
+"""Train, save and load the retrieval-trigger classifier.
+
+Logistic regression (balanced class weights: labels are imbalanced) on standardised features by
+default; a small MLP as an option. The split is by *question*, never by segment (segments of one
+answer share the question and would leak): the data set's stored `splits.json` (shared with the
+evaluation, so the classifier never trains on evaluation questions) when the labels come from a
+shipped QA set, else a fixed-seed split stratified by whether a question has any positive segment.
+The decision threshold is chosen on the dev split (best F1) and stored in the model file.
+
+Files are written with skops, never pickle, and loaded against an explicit allow-list of the
+types rigkit itself writes: a file holding anything else is refused with the types named, never
+trusted wholesale.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rigkit.errors import InputError, RigkitError
+from rigkit.trigger.features import FeatureExtractor, FeatureInput, FeatureSpec
+from rigkit.trigger.labelset import LabelledSegment, LabelSet
+
+__all__ = [
+    "MODEL_FORMAT",
+    "TRUSTED_TYPES",
+    "TriggerModel",
+    "train_trigger",
+    "save_trigger",
+    "load_trigger",
+    "assign_splits",
+    "rows_to_inputs",
+    "check_generator",
+]
+
+MODEL_FORMAT = 1
+MODEL_KINDS = ("logreg", "mlp")
+# Every non-builtin type a rigkit trigger file contains. Extend deliberately, never with
+# skops' get_untrusted_types() of the file being loaded.
+TRUSTED_TYPES = [
+    "sklearn.pipeline.Pipeline",
+    "sklearn.preprocessing._data.StandardScaler",
+    "sklearn.linear_model._logistic.LogisticRegression",
+    "sklearn.neural_network._multilayer_perceptron.MLPClassifier",
+    "sklearn.neural_network._stochastic_optimizers.AdamOptimizer",
+    "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
+]
+
+
+@dataclass
+class TriggerModel:
+    """A fitted pipeline with the feature spec it needs and the threshold chosen on dev."""
+
+    pipeline: Any
+    spec: FeatureSpec
+    threshold: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """(n,) probability that each segment needs retrieval."""
+        return self.pipeline.predict_proba(X)[:, 1]
+
+    def score_rows(self, rows: list[LabelledSegment], extractor: FeatureExtractor) -> np.ndarray:
+        return self.predict_proba(extractor.transform(rows_to_inputs(rows)))
+
+
+def rows_to_inputs(rows: list[LabelledSegment]) -> list[FeatureInput]:
+    return [FeatureInput(r.question, r.segment(), r.hidden) for r in rows]
+
+
+def assign_splits(labels: LabelSet, seed: int = 0) -> tuple[dict[str, str], str]:
+    """qid -> "train" | "dev" | "test", and where the assignment came from."""
+    qids = list(dict.fromkeys(r.qid for r in labels.rows))
+    stored = _stored_splits(labels)
+    if stored is not None:
+        missing = [q for q in qids if q not in stored]
+        if not missing:
+            return {q: stored[q] for q in qids}, "stored splits.json"
+    explicit = {r.qid: r.info["split"] for r in labels.rows if r.info.get("split")}
+    if explicit and all(q in explicit for q in qids):
+        return explicit, "split column"
+    # Stratify by whether a question has any positive segment, so each split sees both classes.
+    positive = {r.qid for r in labels.rows if r.label}
+    rng = random.Random(seed)
+    out: dict[str, str] = {}
+    for group in ([q for q in qids if q in positive], [q for q in qids if q not in positive]):
+        rng.shuffle(group)
+        n_test = round(len(group) * 0.2)
+        n_dev = round(len(group) * 0.2)
+        for i, q in enumerate(group):
+            out[q] = "test" if i < n_test else "dev" if i < n_test + n_dev else "train"
+    return out, f"computed (seed {seed}, 60/20/20 by question)"
+
+
+def _stored_splits(labels: LabelSet) -> dict[str, str] | None:
+    set_dir = labels.meta.get("set_dir")
+    if not set_dir or not Path(set_dir).exists():
+        return None
+    try:
+        from rigkit.datasets import load_splits
+    except ImportError:
+        return None
+    try:
+        splits = load_splits(set_dir)
+    except (RigkitError, FileNotFoundError):
+        return None
+    return {q: name for name in ("train", "dev", "test") for q in splits.get(name, [])}
+
+
+def _make_pipeline(kind: str, seed: int):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    if kind == "logreg":
+        clf = LogisticRegression(class_weight="balanced", C=0.5, max_iter=2000, random_state=seed)
+    elif kind == "mlp":
+        clf = MLPClassifier(hidden_layer_sizes=(32,), alpha=1e-2, max_iter=400, random_state=seed)
+    else:
+        raise InputError(f"unknown model {kind!r}; choose from {list(MODEL_KINDS)}")
+    return Pipeline([("scale", StandardScaler()), ("clf", clf)])
+
+
+def train_trigger(
+    labels: LabelSet,
+    features: tuple[str, ...] = ("probability", "embedding"),
+    model: str = "logreg",
+    rule: str | None = None,
+    seed: int = 0,
+    embedder: Any | None = None,
+) -> TriggerModel:
+    """Fit on the train questions, choose the threshold on dev; test is left for `evaluate`."""
+    import sklearn
+
+    labels = labels.relabel(rule) if rule else labels
+    split_of, split_source = assign_splits(labels, seed)
+    spec = _spec_for(labels, features, embedder)
+    extractor = FeatureExtractor(spec, embedder)
+    parts = {s: [r for r in labels.rows if split_of.get(r.qid) == s] for s in ("train", "dev")}
+    y_train = np.array([r.label for r in parts["train"]])
+    if len(set(y_train.tolist())) < 2:
+        raise InputError(
+            f"the train split has {len(y_train)} segments of one class only "
+            f"({labels.positives} positives in all): label more questions or another --rule"
+        )
+    started = time.perf_counter()
+    pipeline = _make_pipeline(model, seed)
+    pipeline.fit(extractor.transform(rows_to_inputs(parts["train"])), y_train)
+    trained = TriggerModel(pipeline, spec, 0.5)
+    trained.threshold, threshold_source = _choose_threshold(trained, parts["dev"], extractor)
+    trained.meta = {
+        "model": model,
+        "seed": seed,
+        "rule": labels.rule,
+        "labels": {k: labels.meta.get(k) for k in ("source", "qa", "data_hash", "generator", "rule")},
+        "split_source": split_source,
+        "split_qids": {
+            s: sorted(q for q, v in split_of.items() if v == s) for s in ("train", "dev", "test")
+        },
+        "counts": {
+            s: {"segments": len(rs), "positives": sum(r.label for r in rs)} for s, rs in parts.items()
+        },
+        "threshold_source": threshold_source,
+        "feature_names": extractor.names(),
+        "sklearn_version": sklearn.__version__,
+        "rigkit_version": _rigkit_version(),
+        "train_seconds": round(time.perf_counter() - started, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    return trained
+
+
+def _spec_for(labels: LabelSet, features: tuple[str, ...], embedder: Any | None) -> FeatureSpec:
+    first_hidden = next((r.hidden for r in labels.rows if r.hidden is not None), None)
+    hidden_dim = len(first_hidden) if ("hidden" in features and first_hidden) else None
+    if "hidden" in features and hidden_dim is None:
+        raise InputError("'hidden' features need labels built with hidden states (no --no-hidden)")
+    spec = FeatureSpec(
+        sets=tuple(features), generator=labels.meta.get("generator"), hidden_dim=hidden_dim
+    )
+    if "embedding" in features:
+        spec = FeatureSpec(**{**spec.__dict__, "embedding_dim": _embedding_dim(spec, embedder)})
+    return spec
+
+
+def _embedding_dim(spec: FeatureSpec, embedder: Any | None) -> int:
+    model = FeatureExtractor(spec, embedder).embedder
+    get_dim = getattr(model, "get_sentence_embedding_dimension", None)
+    dim = get_dim() if callable(get_dim) else None
+    if dim is None:
+        dim = int(np.asarray(model.encode(["probe"], normalize_embeddings=True)).shape[-1])
+    return int(dim)
+
+
+def _choose_threshold(
+    model: TriggerModel, dev: list[LabelledSegment], extractor: FeatureExtractor
+) -> tuple[float, str]:
+    """Best-F1 threshold on dev; 0.5 with a note when dev cannot tell (empty or one class)."""
+    from sklearn.metrics import precision_recall_curve
+
+    y = np.array([r.label for r in dev])
+    if len(dev) == 0 or len(set(y.tolist())) < 2:
+        return 0.5, f"default 0.5 (dev split has {len(dev)} segments, {int(y.sum())} positive)"
+    scores = model.score_rows(dev, extractor)
+    precision, recall, thresholds = precision_recall_curve(y, scores)
+    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+    best = int(np.argmax(f1[:-1])) if len(thresholds) else 0
+    return float(thresholds[best]), f"best F1 on dev ({f1[best]:.3f}, {len(dev)} segments)"
+
+
+def save_trigger(model: TriggerModel, path: str | Path) -> Path:
+    """One skops file: pipeline, feature spec, threshold, metadata; written atomically."""
+    import skops.io as sio
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": "rigkit-trigger",
+        "version": MODEL_FORMAT,
+        "pipeline": model.pipeline,
+        "spec": model.spec.to_dict(),
+        "threshold": float(model.threshold),
+        "meta": model.meta,
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        sio.dump(payload, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    model.path = str(path)
+    return path
+
+
+def load_trigger(path: str | Path, generator: Any | None = None) -> TriggerModel:
+    """Load a trigger file, refusing types outside `TRUSTED_TYPES` and features `generator` lacks."""
+    import skops.io as sio
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"trigger model not found: {path}")
+    try:
+        untrusted = sio.get_untrusted_types(file=path)
+    except Exception as err:  # a corrupt or non-skops file: say so instead of a zipfile traceback
+        raise InputError(f"{path} is not a skops trigger model ({type(err).__name__}: {err})") from None
+    unexpected = sorted(set(untrusted) - set(TRUSTED_TYPES))
+    if unexpected:
+        raise RigkitError(
+            f"{path} contains types rigkit does not trust: {unexpected}. Refusing to load; inspect "
+            "the file with skops.io.get_untrusted_types and load it yourself only if you trust it"
+        )
+    payload = sio.load(path, trusted=[t for t in untrusted if t in TRUSTED_TYPES])
+    if not isinstance(payload, dict) or payload.get("format") != "rigkit-trigger":
+        raise InputError(f"{path} is a skops file but not a rigkit trigger model")
+    if int(payload.get("version", 0)) > MODEL_FORMAT:
+        raise InputError(f"{path}: trigger format {payload['version']} is newer than this rigkit")
+    model = TriggerModel(
+        payload["pipeline"],
+        FeatureSpec.from_dict(payload["spec"]),
+        float(payload["threshold"]),
+        dict(payload.get("meta", {})),
+        str(path),
+    )
+    _warn_version(model)
+    if generator is not None:
+        check_generator(model.spec, generator)
+    return model
+
+
+def check_generator(spec: FeatureSpec, generator: Any | None) -> None:
+    """Raise a clear error when `generator` cannot produce the features `spec` needs."""
+    if "hidden" not in spec.sets:
+        return
+    if generator is None or not callable(getattr(generator, "segment_hidden_state", None)):
+        name = type(generator).__name__ if generator is not None else "no generator"
+        raise RigkitError(
+            f"this trigger model uses hidden-state features of {spec.generator!r}, and {name} "
+            "cannot produce them (in-process HFGenerator only); retrain without 'hidden'"
+        )
+    current = getattr(generator, "spec", None)
+    if spec.generator and current and current != spec.generator:
+        raise RigkitError(
+            f"this trigger model probes the hidden states of {spec.generator!r}, but the current "
+            f"generator is {current!r}; hidden states of another model are meaningless to it"
+        )
+
+
+def _warn_version(model: TriggerModel) -> None:
+    import warnings
+
+    import sklearn
+
+    saved = model.meta.get("sklearn_version")
+    if saved and saved != sklearn.__version__:
+        warnings.warn(
+            f"trigger model {model.path} was trained with scikit-learn {saved}, running "
+            f"{sklearn.__version__}: predictions may differ slightly",
+            stacklevel=3,
+        )
+
+
+def _rigkit_version() -> str:
+    import rigkit
+
+    return getattr(rigkit, "__version__", "unknown")

@@ -1,0 +1,317 @@
+"""RoundStepper: step through a RIG answer round by round in JupyterLab.
+
+Two sources, one view. Replay: `RoundStepper(result)` shows a saved `RIGResult` (no model).
+Live: `RoundStepper.live(controller, question)` pulls one `RoundTrace` at a time from
+`controller.stream(question)`, so "next" at the last shown round runs one more round of the model
+in the kernel. The widget holds no loop logic: it only advances the controller's iterator and
+renders each trace with the pure functions in `rigkit.widgets.render` / `figures`.
+
+The decider and threshold pickers re-run the question through a factory
+`(decider_name, threshold) -> controller`; `live()` builds one from a `RunConfig` with
+`rigkit.build.build_controller` when no factory is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ipywidgets as W
+
+from rigkit.trace import RIGResult, RoundTrace
+from rigkit.widgets import figures, render, summary
+
+__all__ = ["RoundStepper", "ControllerFactory", "decider_names", "config_factory"]
+
+ControllerFactory = Callable[[str, "float | None"], Any]
+
+_FALLBACK_DECIDERS = ("prob", "entropy", "marker", "keyword", "always", "never")
+
+
+def decider_names() -> list[str]:
+    """Registered decider names (rigkit.deciders.DECIDERS), or a short list if not importable."""
+    try:
+        from rigkit.deciders import DECIDERS
+    except ImportError:
+        return list(_FALLBACK_DECIDERS)
+    return sorted(DECIDERS)
+
+
+def config_factory(config: Any, generator: Any = None, retriever: Any = None) -> ControllerFactory:
+    """A factory that rebuilds the controller from `config` with another decider / threshold.
+
+    The loaded generator and retriever are passed through, so a re-run loads nothing new.
+    Decider params are decider-specific, so they are dropped when the decider changes.
+    """
+    from rigkit.build import build_controller
+    from rigkit.config import RunConfig
+
+    def factory(name: str, threshold: float | None) -> Any:
+        data = config.to_dict()
+        if name != data["decider"]["name"]:
+            data["decider"]["params"] = {}
+        data["decider"].update(name=name, threshold=threshold)
+        return build_controller(RunConfig.from_dict(data), generator=generator, retriever=retriever)
+
+    return factory
+
+
+class RoundStepper(W.VBox):
+    """Previous / next / jump controls over a run's rounds, with one pane per stage."""
+
+    def __init__(
+        self,
+        result: RIGResult | None = None,
+        *,
+        factory: ControllerFactory | None = None,
+        question: str | None = None,
+        marker_tag: str = "retrieve",
+        deciders: Sequence[str] | None = None,
+    ):
+        self.result = result
+        self.question = question if question is not None else (result.question if result else "")
+        self.rounds: list[RoundTrace] = list(result.rounds) if result else []
+        self.index = 0
+        self.factory = factory
+        self.marker_tag = marker_tag
+        self._controller: Any = None
+        self._stream: Iterator[RoundTrace] | None = None
+        self._error: str | None = None  # the last failure, shown in the status line
+        self._build_controls(deciders)
+        self._build_panes()
+        super().__init__(
+            [self.header, self.controls, self.draft_pane, W.HBox([self.decision_pane,
+             self.query_pane]), self.hits_pane, W.HBox([self.budget_plot, W.VBox(
+                 [self.budget_pane, self.timings_pane])]), self.answer_pane],
+        )
+        self.add_class("rigkit-stepper")
+        self._refresh()
+
+    # ------------------------------------------------------------------------- constructors
+    @classmethod
+    def live(
+        cls,
+        controller: Any,
+        question: str,
+        *,
+        factory: ControllerFactory | None = None,
+        config: Any = None,
+        generator: Any = None,
+        retriever: Any = None,
+        start: bool = True,
+        **kwargs: Any,
+    ) -> RoundStepper:
+        """Step a running controller; `start` runs the first round now.
+
+        Re-runs use `factory`, or `config` (a `RunConfig`; default: the one the controller was
+        built from, `controller.run_config`) with the controller's generator and retriever;
+        with neither, the decider and threshold pickers are disabled.
+        """
+        if config is None and getattr(controller, "run_config", None):
+            from rigkit.config import RunConfig
+
+            config = RunConfig.from_dict(controller.run_config)
+        if factory is None and config is not None:
+            factory = config_factory(
+                config,
+                generator if generator is not None else getattr(controller, "generator", None),
+                retriever if retriever is not None else getattr(controller, "retriever", None),
+            )
+        stepper = cls(None, factory=factory, question=question, **kwargs)
+        stepper._attach(controller, start)
+        return stepper
+
+    def _attach(self, controller: Any, start: bool) -> None:
+        self._controller = controller
+        self._stream = iter(controller.stream(self.question))
+        self.result, self.rounds, self.index, self._error = None, [], 0, None
+        if start:
+            self._advance()
+        self._refresh()
+
+    # ------------------------------------------------------------------------------ widgets
+    def _build_controls(self, deciders: Sequence[str] | None) -> None:
+        self.prev_button = W.Button(description="◀ previous", tooltip="previous round")
+        self.next_button = W.Button(description="next ▶", tooltip="next round (runs it when live)")
+        # 1-based, like the "Round i of n" header
+        self.slider = W.IntSlider(value=1, min=1, max=1, description="round",
+                                  continuous_update=False)
+        names = list(deciders) if deciders is not None else decider_names()
+        self.decider_picker = W.Dropdown(options=names, description="decider",
+                                         layout=W.Layout(width="200px"))
+        # free text: thresholds are in each decider's own unit (probability, nats, tokens)
+        self.threshold_picker = W.Text(value="", placeholder="decider default",
+                                       description="threshold", layout=W.Layout(width="220px"))
+        self.rerun_button = W.Button(description="re-run", tooltip="re-run with this decider")
+        self.status = W.HTML()
+        for widget, cls in ((self.prev_button, "prev"), (self.next_button, "next"),
+                            (self.slider, "slider"), (self.decider_picker, "decider"),
+                            (self.threshold_picker, "threshold"), (self.rerun_button, "rerun"),
+                            (self.status, "status")):
+            widget.add_class(f"rigkit-{cls}")
+        self.prev_button.on_click(lambda _: self.show(self.index - 1))
+        self.next_button.on_click(lambda _: self.next())
+        self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
+        self.rerun_button.on_click(lambda _: self.rerun())
+        self.controls = W.VBox([
+            W.HBox([self.prev_button, self.next_button, self.slider]),
+            W.HBox([self.decider_picker, self.threshold_picker, self.rerun_button, self.status]),
+        ])
+
+    def _build_panes(self) -> None:
+        import plotly.graph_objects as go
+
+        def pane(name: str, width: str | None = None) -> W.HTML:
+            widget = W.HTML(layout=W.Layout(width=width) if width else W.Layout())
+            widget.add_class(f"rigkit-{name}")
+            return widget
+
+        self.header = pane("header")
+        self.draft_pane = pane("draft")
+        self.decision_pane = pane("decision", "50%")
+        self.query_pane = pane("query", "50%")
+        self.hits_pane = pane("hits")
+        self.budget_pane = pane("budget")
+        self.timings_pane = pane("timings")
+        self.answer_pane = pane("answer")
+        self.budget_plot = go.FigureWidget(figures.budget_figure(RoundTrace(0, *_empty_round())))
+        self.budget_plot.layout.width = 520
+
+    # ------------------------------------------------------------------------------ actions
+    @property
+    def finished(self) -> bool:
+        return self._stream is None
+
+    def show(self, index: int) -> None:
+        """Show round `index` (clamped to the rounds there are)."""
+        self.index = max(0, min(index, len(self.rounds) - 1)) if self.rounds else 0
+        self._refresh()
+
+    def next(self) -> None:
+        """Show the next round; at the last one of a live run, run one more round first."""
+        if self.index + 1 >= len(self.rounds) and not self.finished:
+            self._advance()
+        self.show(self.index + 1)
+
+    def run_to_end(self) -> RIGResult | None:
+        """Run the live controller to the end (the shown round stays); returns the result."""
+        while not self.finished:
+            if not self._advance():
+                break
+        self._refresh()
+        return self.result
+
+    def rerun(self, decider: str | None = None, threshold: float | None = None) -> None:
+        """Run the question again with another decider / threshold (needs a factory)."""
+        if self.factory is None:
+            raise ValueError("re-run needs a factory or a config (see RoundStepper.live)")
+        name = decider if decider is not None else self.decider_picker.value
+        try:
+            thr = threshold if threshold is not None else _parse_threshold(
+                self.threshold_picker.value)
+        except ValueError:
+            self._error = f"threshold must be a number or empty, got {self.threshold_picker.value!r}"
+            self._refresh()
+            return
+        self._say(f"building a controller with {name}…")
+        try:
+            controller = self.factory(name, thr)
+        except Exception as exc:  # shown in the widget: a callback's traceback is invisible
+            self._error = f"{type(exc).__name__}: {exc}"
+            self._refresh()
+            return
+        self._attach(controller, start=True)
+
+    def _advance(self) -> bool:
+        """Pull one round from the live stream; False (and finish) when it is exhausted."""
+        assert self._stream is not None
+        self._busy(True)
+        try:
+            trace = next(self._stream)
+        except StopIteration:
+            self._finish()
+            return False
+        except Exception as exc:  # keep the widget usable and say what went wrong
+            self._stream = None
+            self._error = f"{type(exc).__name__}: {exc}"
+            return False
+        finally:
+            self._busy(False)
+        self.rounds.append(trace)
+        return True
+
+    def _finish(self) -> None:
+        self._stream = None
+        self.result = getattr(self._controller, "last_result", None)
+        if self.result is not None and len(self.result.rounds) >= len(self.rounds):
+            self.rounds = list(self.result.rounds)
+
+    # ------------------------------------------------------------------------------- render
+    def _busy(self, busy: bool) -> None:
+        for button in (self.next_button, self.prev_button, self.rerun_button):
+            button.disabled = busy
+        if busy:
+            self._say("running the next round…")
+
+    def _say(self, text: str, error: bool = False) -> None:
+        color = "#b91c1c" if error else "#555"
+        self.status.value = f'<span style="color:{color};">{render.esc(text)}</span>'
+
+    def _refresh(self) -> None:
+        n = len(self.rounds)
+        with self.slider.hold_trait_notifications():
+            self.slider.max = max(1, n)
+            self.slider.value = self.index + 1
+        self.prev_button.disabled = self.index <= 0
+        self.next_button.disabled = self.finished and self.index >= n - 1
+        self.rerun_button.disabled = self.factory is None
+        self.decider_picker.disabled = self.threshold_picker.disabled = self.factory is None
+        self.header.value = summary.round_header_html(
+            self.question, self.index, n, self.finished, self.rounds
+        )
+        self.answer_pane.value = summary.answer_html(self.result)
+        self._say(self._status_text(), error=self._error is not None)
+        if not n:
+            self.draft_pane.value = render.draft_html([], 0)
+            return
+        trace = self.rounds[self.index]
+        self._sync_pickers(trace)
+        self.draft_pane.value = render.draft_html(self.rounds, self.index, self.marker_tag)
+        self.decision_pane.value = render.decision_html(trace.decision)
+        self.query_pane.value = render.query_html(trace.query, trace.error)
+        self.hits_pane.value = render.hits_html(trace.hits, trace.injection)
+        self.budget_pane.value = summary.budget_html(trace)
+        self.timings_pane.value = summary.timings_html(trace.timings)
+        self._update_budget_plot(trace)
+
+    def _status_text(self) -> str:
+        if self._error:
+            return self._error
+        if not self.finished:
+            return "live: next runs another round"
+        return "live run finished" if self._controller is not None else "replay"
+
+    def _sync_pickers(self, trace: RoundTrace) -> None:
+        name = trace.decision.decider
+        if name and name in self.decider_picker.options:
+            self.decider_picker.value = name
+        threshold = trace.decision.threshold
+        self.threshold_picker.value = "" if threshold is None else f"{threshold:g}"
+
+    def _update_budget_plot(self, trace: RoundTrace) -> None:
+        fresh = figures.budget_figure(trace)
+        with self.budget_plot.batch_update():
+            for old, new in zip(self.budget_plot.data, fresh.data, strict=True):
+                old.x = new.x
+            self.budget_plot.layout.shapes = fresh.layout.shapes
+            self.budget_plot.layout.annotations = fresh.layout.annotations
+
+
+def _parse_threshold(text: str) -> float | None:
+    return float(text) if text.strip() else None
+
+
+def _empty_round() -> tuple[Any, Any]:
+    from rigkit.trace import Decision, Segment
+
+    return Segment(text=""), Decision(False, 0.0, "")

@@ -1,0 +1,147 @@
+"""Pure HTML summaries: the round header, token budget, stage timings, the final answer, and
+tables that put several runs or deciders side by side (closed-book vs RAG vs RIG).
+
+Like `render`, every function maps trace data to an HTML string, testable without a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rigkit.trace import RIGResult, RoundTrace
+from rigkit.widgets.render import BOX_STYLE, MUTED_STYLE, esc, fmt
+
+__all__ = [
+    "budget_html",
+    "timings_html",
+    "round_header_html",
+    "answer_html",
+    "results_html",
+    "comparison_html",
+    "recall_html",
+]
+
+
+# ------------------------------------------------------------------------- budget and timings
+def budget_html(trace: RoundTrace) -> str:
+    """The token budget in numbers (the stacked bar is `figures.budget_figure`)."""
+    b = trace.budget
+    total = trace.tokens_prefilled + trace.tokens_reused
+    saved = f" ({trace.tokens_reused / total:.0%} cached)" if total else ""
+    return (
+        f'<div class="rig-budget" style="{BOX_STYLE}">'
+        f"system {b.system} · question {b.question} · passages {b.passages}"
+        f" (max {b.max_retrieval_tokens}) · draft {b.draft} · free {b.free} / limit {b.limit}"
+        f"<br>this round: {trace.tokens_prefilled} pre-filled, {trace.tokens_reused} from the KV cache"
+        f"{saved}</div>"
+    )
+
+
+def timings_html(timings: dict[str, float]) -> str:
+    """Stage timings for a round, as bars scaled to the slowest stage."""
+    if not timings:
+        return f'<div class="rig-timings" style="{BOX_STYLE}{MUTED_STYLE}">No timings recorded.</div>'
+    longest = max(timings.values()) or 1.0
+    rows = []
+    for stage, secs in timings.items():
+        width = 160 * secs / longest
+        rows.append(
+            f'<tr class="rig-timing"><td style="padding-right:8px;">{esc(stage)}</td>'
+            f'<td style="text-align:right;padding-right:8px;">{secs * 1000:.0f} ms</td>'
+            f'<td><span style="display:inline-block;height:9px;width:{width:.0f}px;'
+            f'background:#60a5fa;"></span></td></tr>'
+        )
+    total = sum(timings.values())
+    rows.append(f"<tr><td><b>total</b></td><td style=\"text-align:right;\"><b>{total * 1000:.0f} ms"
+                "</b></td><td></td></tr>")
+    return f'<div class="rig-timings" style="{BOX_STYLE}"><table>{"".join(rows)}</table></div>'
+
+
+# ------------------------------------------------------------------------------ round / answer
+def round_header_html(
+    question: str, index: int, total: int, finished: bool = True, rounds: Sequence[RoundTrace] = ()
+) -> str:
+    """`Round i of n` with the question; `so far` while a live run is still going."""
+    if total == 0:
+        label = "No rounds yet"
+    else:
+        label = f"Round {index + 1} of {total}" + ("" if finished else " so far")
+    extra = ""
+    if rounds and 0 <= index < len(rounds):
+        r = rounds[index]
+        extra = f" · action <code>{esc(r.action)}</code> · retrievals so far {r.retrieval_round}"
+    return (
+        f'<div class="rig-header" style="{BOX_STYLE}"><b class="rig-round-label">{label}</b>{extra}'
+        f'<div class="rig-question"><b>Q:</b> {esc(question)}</div></div>'
+    )
+
+
+def answer_html(result: RIGResult | None) -> str:
+    """The final clean answer and what it cost; a placeholder while the run is going."""
+    if result is None:
+        return f'<div class="rig-answer" style="{BOX_STYLE}{MUTED_STYLE}">Answer not finished yet.</div>'
+    tok = result.tokens
+    flags = " · <b style=\"color:#b45309;\">low confidence</b>" if result.low_confidence else ""
+    cites = f" · citations {esc(', '.join(result.citations))}" if result.citations else ""
+    return (
+        f'<div class="rig-answer" style="{BOX_STYLE}"><b>Answer:</b> '
+        f'<span class="rig-answer-text">{esc(result.answer)}</span>'
+        f'<div style="{MUTED_STYLE}">{len(result.rounds)} rounds · {result.used_retrieval_times} retrievals'
+        f" · tokens generated {tok.get('generated', 0)}, pre-filled {tok.get('prefilled', 0)},"
+        f" reused {tok.get('reused', 0)}{cites}{flags}</div></div>"
+    )
+
+
+_CELL = "padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top;text-align:left;"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str) -> str:
+    th = "".join(f'<th style="{_CELL}">{esc(h)}</th>' for h in head)
+    body = "".join(
+        f'<tr class="{cls}-row">' + "".join(f'<td style="{_CELL}">{c}</td>' for c in row) + "</tr>"
+        for row in rows
+    )
+    return f'<table class="{cls}" style="border-collapse:collapse;{BOX_STYLE}"><tr>{th}</tr>{body}</table>'
+
+
+def results_html(results: Mapping[str, RIGResult]) -> str:
+    """Several systems' answers to one question side by side, with retrievals, tokens and time."""
+    rows = []
+    for name, r in results.items():
+        t = r.tokens
+        rows.append([
+            f"<b>{esc(name)}</b>", esc(r.answer), str(r.used_retrieval_times), str(len(r.rounds)),
+            str(t.get("generated", 0)), str(t.get("prefilled", 0)), str(t.get("reused", 0)),
+            fmt(r.timings.get("total"), 1), "yes" if r.low_confidence else "",
+        ])
+    head = ["system", "answer", "retrievals", "rounds", "generated", "pre-filled", "cached",
+            "seconds", "low confidence"]
+    return _table(head, rows, "rig-results")
+
+
+def comparison_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """`compare_deciders` rows as a table: each segment, each decider's score and verdict."""
+    names = list(rows[0]["decisions"]) if rows else []
+    body = []
+    for row in rows:
+        cells = [str(row.get("segment", "")), esc(row.get("text", ""))]
+        for name in names:
+            d = row["decisions"][name]
+            mark = " <b style=\"color:#b45309;\">retrieve</b>" if d.retrieve else ""
+            cells.append(f'<span title="{esc(d.reason)}">{fmt(d.score)}</span>{mark}')
+        body.append(cells)
+    return _table(["#", "segment", *names], body, "rig-comparison")
+
+
+def recall_html(table: Mapping[str, Mapping[str, float]]) -> str:
+    """`evaluate_retrieval` output ({mode: {metric: value}}) as a table, best value in bold."""
+    metrics = list(next(iter(table.values()), {}))
+    best = {m: max(row.get(m, 0.0) for row in table.values()) for m in metrics}
+    rows = [
+        [f"<b>{esc(mode)}</b>"] + [
+            (f"<b>{fmt(row[m])}</b>" if row[m] == best[m] else fmt(row[m])) for m in metrics
+        ]
+        for mode, row in table.items()
+    ]
+    return _table(["mode", *metrics], rows, "rig-recall")
