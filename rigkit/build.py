@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,12 @@ def build_controller(
         from rigkit.retrieval import open_retriever
 
         retriever = open_retriever(config.retrieval)
-    decider = build_decider(config.decider, generator)
+    decider_config = config.decider
+    if uses_markers(config) and "tag" not in decider_config.params:
+        # one tag for the system prompt, the stop rule and the decider
+        params = {**decider_config.params, "tag": config.context.marker_tag}
+        decider_config = dataclasses.replace(decider_config, params=params) if config.decider.name == "marker" else decider_config
+    decider = build_decider(decider_config, generator)
     return _controller(config, generator, retriever, decider, callbacks, uses_markers(config))
 
 

@@ -138,7 +138,9 @@ def _jsonl_documents(path: Path) -> list[Document]:
         title = obj.get("title") or ""
         meta = {k: v for k, v in obj.items() if k not in ("id", "title", "text")}
         markdown = meta.get("format") == "markdown"
-        docs.append(Document(id=doc_id, title=str(title), text=text, metadata=meta, markdown=markdown))
+        docs.append(
+            Document(id=doc_id, title=str(title), text=text, metadata=meta, markdown=markdown)
+        )
     if not docs:
         raise CorpusError(f"{path}: no documents")
     return docs

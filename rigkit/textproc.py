@@ -18,7 +18,7 @@ from functools import lru_cache
 __all__ = ["TOKENIZER_VERSION", "has_cjk", "tokenize", "tokenize_many"]
 
 # Recorded in index manifests: change it whenever tokens for the same text would change.
-TOKENIZER_VERSION = "rigkit-bm25-tokens-1"
+TOKENIZER_VERSION = "rigkit-bm25-tokens-2"
 
 _WORD = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default token pattern
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")

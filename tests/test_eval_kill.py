@@ -53,7 +53,9 @@ def test_killed_eval_resumes_without_duplicates_or_losses(tmp_path):
     index = tmp_path / "index"
     Index.build(corpus, index)
     out = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # One torch thread: on a shared 2-core machine two threads per process thrash (5x slower).
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
     results = out / RESULTS_FILE
 
     proc = subprocess.Popen(_command(qa, index, out), cwd=ROOT, env=env,

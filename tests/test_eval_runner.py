@@ -232,3 +232,10 @@ def test_evaluate_writes_meta_results_report_and_refuses_other_config(tmp_path):
     assert [q.id for q in load_questions(qa, "all", limit=2)] == ["q1", "q2"]
     with pytest.raises(InputError):
         load_questions(qa, "train", limit=0)
+
+
+def test_retrieving_systems_need_an_explicit_index(tmp_path):
+    qa = _qa_file(tmp_path / "toy")
+    generator, _ = _parts()
+    with pytest.raises(InputError, match="need an index"):
+        evaluate(qa, tmp_path / "run", "closed_book,rag", generator=generator, progress=False)

@@ -96,3 +96,15 @@ def test_segment_attention_is_square_and_causal():
     assert len(attention) == n and all(len(row) == n for row in attention)
     assert all(attention[i][j] == 0 for i in range(n) for j in range(i + 1, n))
     assert len(generator.segment_hidden_state(segments[0])) == generator.model.config.hidden_size
+
+
+def test_sampling_with_a_fixed_seed_is_reproducible():
+    def sample(seed):
+        generator = tiny_generator(4)
+        generator.temperature, generator.top_p = 1.0, 0.95
+        generator.reset(seed)
+        return _rounds(generator)[1]
+
+    first, again, other = sample(7), sample(7), sample(8)
+    assert [s.token_ids for s in first] == [s.token_ids for s in again]
+    assert [s.token_ids for s in first] != [s.token_ids for s in other]

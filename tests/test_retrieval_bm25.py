@@ -23,7 +23,10 @@ def as_chunks(docs) -> list[Chunk]:
 def ranking(scores: np.ndarray, chunks, k: int = 10) -> list[str]:
     """Top-k ids over non-zero scores, ties (to 1e-5) broken by chunk id."""
     rounded = np.round(scores, 5)
-    order = sorted((i for i in range(len(chunks)) if rounded[i] > 0), key=lambda i: (-rounded[i], chunks[i].chunk_id))
+    order = sorted(
+        (i for i in range(len(chunks)) if rounded[i] > 0),
+        key=lambda i: (-rounded[i], chunks[i].chunk_id),
+    )
     return [chunks[i].chunk_id for i in order[:k]]
 
 
@@ -91,7 +94,9 @@ def chinese_corpus() -> list[Chunk]:
     texts = []
     for n in range(300, 336):
         code = f"KL{n}"
-        texts.append(f"{code} 是一款适合{rooms[n % 6]}的空气净化器，滤网型号为 F{n % 40}，建议每 {3 + n % 5} 个月更换。")
+        texts.append(
+            f"{code} 是一款适合{rooms[n % 6]}的空气净化器，滤网型号为 F{n % 40}，建议每 {3 + n % 5} 个月更换。"
+        )
     texts.append("所有型号的保修期都是两年，滤网是耗材。")
     texts.append("使用说明：先插电，然后按下电源键，这是最重要的一步。")
     return [Chunk(f"zh{i}#0", f"zh{i}", "", t, 0, 0, len(t)) for i, t in enumerate(texts)]

@@ -10,7 +10,9 @@ from rigkit.retrieval import HybridRetriever, rrf_scores
 from rigkit.retrieval.ranking import Scored, collapse_near_duplicates, rank_of, top_indices
 
 
-def chunk(i: int, doc: str | None = None, start: int = 0, end: int = 10, text: str | None = None) -> Chunk:
+def chunk(
+    i: int, doc: str | None = None, start: int = 0, end: int = 10, text: str | None = None
+) -> Chunk:
     return Chunk(f"c{i}", doc or f"d{i}", f"T{i}", text or f"text number {i}", 0, start, end)
 
 
@@ -94,7 +96,12 @@ def test_near_duplicates_collapse_into_the_best_ranked():
 
 
 def test_hybrid_hits_collapse_and_keep_top_k():
-    chunks = [chunk(0, doc="a", start=0, end=100), chunk(1, doc="a", start=50, end=150), chunk(2), chunk(3)]
+    chunks = [
+        chunk(0, doc="a", start=0, end=100),
+        chunk(1, doc="a", start=50, end=150),
+        chunk(2),
+        chunk(3),
+    ]
     bm25 = FixedRetriever("bm25", chunks, [4, 3, 2, 1])
     dense = FixedRetriever("dense", chunks, [0.9, 0.8, 0.7, 0.6])
     hits = HybridRetriever({"bm25": bm25, "dense": dense}).search("q", top_k=3)

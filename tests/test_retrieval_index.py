@@ -40,7 +40,12 @@ def test_manifest_records_canonical_settings(demo_index):
     assert manifest["chunks"] == len(read_jsonl(demo_index.path / "chunks.jsonl")) == 20
     assert len(manifest["corpus"]["sha256"]) == 64 and manifest["corpus"]["documents"] == 20
     assert {"embedding_s", "faiss_s", "bm25_s", "chunking_s"} <= set(manifest["timings"])
-    assert sorted(p.name for p in demo_index.path.iterdir()) == ["bm25", "chunks.jsonl", "dense.faiss", "manifest.json"]
+    assert sorted(p.name for p in demo_index.path.iterdir()) == [
+        "bm25",
+        "chunks.jsonl",
+        "dense.faiss",
+        "manifest.json",
+    ]
 
 
 def test_load_is_fast_and_searches_like_the_built_index(demo_index):
@@ -51,7 +56,9 @@ def test_load_is_fast_and_searches_like_the_built_index(demo_index):
     for mode in ("bm25", "dense", "hybrid"):
         a = demo_index.retriever(mode).search(query, 5)
         b = loaded.retriever(mode).search(query, 5)
-        assert [(h.chunk_id, round(h.score, 5)) for h in a] == [(h.chunk_id, round(h.score, 5)) for h in b]
+        assert [(h.chunk_id, round(h.score, 5)) for h in a] == [
+            (h.chunk_id, round(h.score, 5)) for h in b
+        ]
     hit = loaded.retriever("hybrid").search(query, 3)[0]
     assert set(hit.ranks) == {"bm25", "dense", "hybrid"} and hit.doc_id and hit.title and hit.text
 
@@ -134,11 +141,23 @@ def run_cli(argv, capsys):
 
 
 def test_cli_search_and_eval_retrieval(demo_index, capsys):
-    code, out, _ = run_cli(["search", str(demo_index.path), "patent licence termination", "--mode", "bm25"], capsys)
+    code, out, _ = run_cli(
+        ["search", str(demo_index.path), "patent licence termination", "--mode", "bm25"], capsys
+    )
     assert code == 0 and out.startswith(" 1. [demo-apache-patent#0]")
     code, out, _ = run_cli(
-        ["eval-retrieval", "--index", str(demo_index.path), "--qa", str(DATA / "demo" / "questions.jsonl"),
-         "--modes", "bm25", "--json"], capsys)
+        [
+            "eval-retrieval",
+            "--index",
+            str(demo_index.path),
+            "--qa",
+            str(DATA / "demo" / "questions.jsonl"),
+            "--modes",
+            "bm25",
+            "--json",
+        ],
+        capsys,
+    )
     result = json.loads(out)
     assert code == 0 and set(result) == {"bm25"}
     assert set(result["bm25"]) == {"recall@1", "recall@5", "recall@10", "mrr"}
@@ -146,6 +165,17 @@ def test_cli_search_and_eval_retrieval(demo_index, capsys):
 
 
 def test_cli_rejects_chunk_size_over_the_model_limit(tmp_path, capsys):
-    code, _, err = run_cli(["index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "i"),
-                            "--chunk-size", "512"], capsys)
+    code, _, err = run_cli(
+        [
+            "index",
+            "build",
+            "--corpus",
+            str(DEMO),
+            "--out",
+            str(tmp_path / "i"),
+            "--chunk-size",
+            "512",
+        ],
+        capsys,
+    )
     assert code == 2 and "256" in err and not (tmp_path / "i").exists()

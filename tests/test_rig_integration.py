@@ -55,8 +55,14 @@ def test_prefix_layout_reuses_less(default_generator, demo_retriever):
     question = "What must I include when I ship Apache-2.0 code?"
     append = build_controller(config, default_generator, demo_retriever).run(question)
     prefix = build_controller(config.override(context={"layout": "prefix"}), default_generator, demo_retriever).run(question)
-    assert prefix.used_retrieval_times >= 1
-    assert prefix.tokens["prefilled"] > append.tokens["prefilled"]
+    assert prefix.used_retrieval_times >= 1 and append.used_retrieval_times >= 1
+    head = append.rounds[0].tokens_prefilled  # system + question: the first round fills them
+    assert append.rounds[0].tokens_reused == 0 and prefix.rounds[0].tokens_prefilled == head
+    # append: the head is never filled again; prefix: passages go before the question, so the
+    # question (and the draft after it) is filled again after an injection
+    assert all(r.tokens_reused >= head for r in append.rounds[1:])
+    after_injection = [r for prev, r in zip(prefix.rounds, prefix.rounds[1:]) if prev.injection and prev.injection.added]
+    assert after_injection and after_injection[0].tokens_reused < head
 
 
 def test_cli_json_prints_only_the_result(tmp_path):

@@ -7,7 +7,13 @@ import pytest
 from rigkit.errors import InputError
 from rigkit.testing import ScriptedGenerator, make_segment
 from rigkit.trace import Hit, RIGResult, RoundTrace
-from rigkit.trigger.labels import agreement, answer_gain, build_labels, label_question, unsupported_facts
+from rigkit.trigger.labels import (
+    agreement,
+    answer_gain,
+    build_labels,
+    label_question,
+    unsupported_facts,
+)
 from rigkit.trigger.labelset import LabelledSegment, LabelSet
 
 RECORD = {

@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="passages after the draft (append, cache-friendly) or rebuilt in front "
                     "of the question each round (prefix, FLARE/DRAGIN); default: the config's")
     ev.add_argument("--config", help="run config YAML (e.g. configs/cpu.yaml); model, deciders...")
+    ev.add_argument("--model", help="generator: short name, hub id or local path "
+                    "(overrides generator.model of --config)")
     ev.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
                     help="stored split of the data set to evaluate (default: %(default)s)")
     ev.add_argument("--out", required=True, help="run folder: results.jsonl, meta.json, report")
@@ -54,7 +56,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     summary = evaluate(
         args.qa, args.out, args.systems, index=args.index, config=args.config, runs=args.runs,
-        limit=args.limit, layout=args.layout, split=args.split,
+        limit=args.limit, layout=args.layout, split=args.split, model=args.model,
         faithfulness=not args.no_faithfulness, traces=not args.no_traces,
         progress=not args.no_progress,
     )

@@ -24,11 +24,20 @@ def register(subparsers) -> None:
     build.add_argument("--corpus", required=True, help="JSONL file, or folder of .md/.txt files")
     build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
     build.add_argument("--embedding-model", default="all-MiniLM-L6-v2")
-    build.add_argument("--chunk-size", type=int, default=None,
-                       help="tokens per chunk (default and maximum: the model's input limit, 256 for MiniLM)")
-    build.add_argument("--overlap", type=int, default=64, help="tokens shared by neighbouring windows")
-    build.add_argument("--no-split", action="store_true",
-                       help="one chunk per document (the model truncates long ones; a warning counts them)")
+    build.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="tokens per chunk (default and maximum: the model's input limit, 256 for MiniLM)",
+    )
+    build.add_argument(
+        "--overlap", type=int, default=64, help="tokens shared by neighbouring windows"
+    )
+    build.add_argument(
+        "--no-split",
+        action="store_true",
+        help="one chunk per document (the model truncates long ones; a warning counts them)",
+    )
     build.add_argument("--bm25-method", default="lucene", choices=("lucene", "robertson"))
     build.add_argument("--k1", type=float, default=1.5)
     build.add_argument("--b", type=float, default=0.75)
@@ -46,17 +55,29 @@ def register(subparsers) -> None:
     search.add_argument("--mode", default="hybrid", choices=("bm25", "dense", "hybrid"))
     search.add_argument("--top-k", type=int, default=5)
     search.add_argument("--bm25-backend", default="bm25s", choices=("bm25s", "rank_bm25"))
-    search.add_argument("--embedding-model", default=None, help="refuse the index unless built with it")
+    search.add_argument(
+        "--embedding-model", default=None, help="refuse the index unless built with it"
+    )
     search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     search.set_defaults(func=_search)
 
-    ev = subparsers.add_parser("eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set")
+    ev = subparsers.add_parser(
+        "eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set"
+    )
     ev.add_argument("--index", required=True, help="index folder built from the set's corpus")
     ev.add_argument("--qa", required=True, help="QA JSONL in the shared format")
-    ev.add_argument("--by", default="title", choices=("title", "pid"),
-                    help="a hit counts if its title (reference) or paragraph id is supporting")
-    ev.add_argument("--split", default=None, choices=("train", "dev", "test"),
-                    help="only that split's questions (splits.json beside the QA file)")
+    ev.add_argument(
+        "--by",
+        default="title",
+        choices=("title", "pid"),
+        help="a hit counts if its title (reference) or paragraph id is supporting",
+    )
+    ev.add_argument(
+        "--split",
+        default=None,
+        choices=("train", "dev", "test"),
+        help="only that split's questions (splits.json beside the QA file)",
+    )
     ev.add_argument("--modes", default="bm25,dense,hybrid")
     ev.add_argument("--bm25-backend", default="bm25s", choices=("bm25s", "rank_bm25"))
     ev.add_argument("--json", action="store_true", help='print {mode: {"recall@1", ..., "mrr"}}')
@@ -78,9 +99,17 @@ def _build(args: argparse.Namespace) -> int:
     _setup_logging()
     started = time.perf_counter()
     index = Index.build(
-        args.corpus, args.out, embedding_model=args.embedding_model, chunk_size=args.chunk_size,
-        overlap=args.overlap, split=not args.no_split, bm25_method=args.bm25_method, k1=args.k1,
-        b=args.b, dense_index=args.dense_index, batch_size=args.batch_size,
+        args.corpus,
+        args.out,
+        embedding_model=args.embedding_model,
+        chunk_size=args.chunk_size,
+        overlap=args.overlap,
+        split=not args.no_split,
+        bm25_method=args.bm25_method,
+        k1=args.k1,
+        b=args.b,
+        dense_index=args.dense_index,
+        batch_size=args.batch_size,
     )
     m = index.manifest
     print(
@@ -113,7 +142,9 @@ def _search(args: argparse.Namespace) -> int:
     for rank, hit in enumerate(hits, start=1):
         why = "  ".join(f"{name} #{r} ({hit.scores[name]:.3f})" for name, r in hit.ranks.items())
         text = " ".join(hit.text.split())
-        print(f"{rank:>2}. [{hit.chunk_id}] {hit.title}\n    {why}\n    {text[:160]}{'...' if len(text) > 160 else ''}")
+        print(
+            f"{rank:>2}. [{hit.chunk_id}] {hit.title}\n    {why}\n    {text[:160]}{'...' if len(text) > 160 else ''}"
+        )
     if not hits:
         print("no hits")
     return 0
@@ -132,11 +163,20 @@ def _eval(args: argparse.Namespace) -> int:
     index = Index.load(args.index)
     started = time.perf_counter()
     result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=args.bm25_backend)
-    log.info("%d questions, %d chunks, %.1f s", len(rows), len(index.chunks), time.perf_counter() - started)
+    log.info(
+        "%d questions, %d chunks, %.1f s",
+        len(rows),
+        len(index.chunks),
+        time.perf_counter() - started,
+    )
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{'mode':<8} {'recall@1':>9} {'recall@5':>9} {'recall@10':>10} {'mrr':>7}   (by {args.by})")
+    print(
+        f"{'mode':<8} {'recall@1':>9} {'recall@5':>9} {'recall@10':>10} {'mrr':>7}   (by {args.by})"
+    )
     for mode, v in result.items():
-        print(f"{mode:<8} {v['recall@1']:>9.3f} {v['recall@5']:>9.3f} {v['recall@10']:>10.3f} {v['mrr']:>7.3f}")
+        print(
+            f"{mode:<8} {v['recall@1']:>9.3f} {v['recall@5']:>9.3f} {v['recall@10']:>10.3f} {v['mrr']:>7.3f}"
+        )
     return 0

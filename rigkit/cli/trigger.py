@@ -26,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-gain", type=float, default=0.5, help="r1: token-F1 gain that counts")
     p.add_argument("--config", help="run config YAML (generator, answer length)")
     p.add_argument("--model", help="generator spec (default: the config's)")
+    p.add_argument("--max-answer-tokens", type=int, help="cap each answer (labels the first sentences)")
     p.add_argument("--no-hidden", action="store_true", help="do not store hidden states")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=_build_labels)
@@ -65,8 +66,10 @@ def _build_labels(args: argparse.Namespace) -> int:
     from rigkit.trigger.labels import agreement, build_labels
 
     config = load_config(args.config)
-    if args.model:
-        config = config.override(generator={"model": args.model})
+    if args.model or args.max_answer_tokens:
+        config = config.override(
+            generator={"model": args.model, "max_answer_tokens": args.max_answer_tokens}
+        )
     generator = load_generator(config.generator.model)
     labels = build_labels(args.qa, generator, config, limit=args.limit, rule=args.rule,
                           hidden=not args.no_hidden, min_gain=args.min_gain)

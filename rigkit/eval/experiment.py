@@ -52,8 +52,10 @@ def load_questions(qa: str | Path, split: str = "all", limit: int | None = None)
 
 
 def _resolve_config(config: RunConfig | str | Path | None, index: str | Path | None,
-                    layout: str | None) -> RunConfig:
+                    layout: str | None, model: str | None = None) -> RunConfig:
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if model is not None:
+        cfg = cfg.override(generator={"model": model})
     if index is not None:
         if not Path(index).exists():
             raise InputError(f"index folder not found: {index} (build one with `rigkit index build`)")
@@ -96,6 +98,11 @@ def _load_parts(cfg: RunConfig, specs: list, generator: Any, retriever: Any) -> 
     if retriever is None and needs_index:
         from rigkit.retrieval import open_retriever
 
+        if cfg.retrieval.index is None and cfg.retrieval.corpus is None:
+            # open_retriever would fall back to the demo corpus: wrong passages, silently.
+            raise InputError("systems that retrieve need an index: pass --index DIR (build one "
+                             "with `rigkit index build`) or set retrieval.index / retrieval.corpus")
+
         retriever = open_retriever(cfg.retrieval)
     return generator, retriever
 
@@ -111,6 +118,7 @@ def evaluate(
     limit: int | None = None,
     layout: str | None = None,
     split: str = "all",
+    model: str | None = None,
     generator: Any = None,
     retriever: Any = None,
     faithfulness: bool = True,
@@ -121,12 +129,13 @@ def evaluate(
     """Run `systems` on the questions of `qa` into `out` (resumable) and write the report.
 
     `generator` / `retriever` may be passed in (e.g. rigkit.testing's scripted parts); otherwise
-    they are loaded from the config (`--config`), with `index` overriding `retrieval.index`.
+    they are loaded from the config (`--config`), with `index` overriding `retrieval.index` and
+    `model` (a short name, hub id or local path) overriding `generator.model`.
     """
     if runs < 1:
         raise InputError("--runs must be at least 1")
     specs = parse_systems(systems)
-    cfg = _resolve_config(config, index, layout)
+    cfg = _resolve_config(config, index, layout, model)
     items = load_questions(qa, split, limit)
     if split != "test" and any(s.decider == "classifier" for s in specs):
         print("rigkit eval: warning: a classifier decider evaluated outside the test split may "

@@ -23,6 +23,12 @@ def _go():
     return go, make_subplots
 
 
+def _error_bars(spreads: list[float | None]) -> dict[str, Any]:
+    """Spread across runs as error bars; hidden when there was only one run (no spread)."""
+    return {"type": "data", "array": [v or 0.0 for v in spreads],
+            "visible": any(v is not None for v in spreads)}
+
+
 def _systems(groups: list[GroupStats]) -> list[str]:
     return list(dict.fromkeys(g.system for g in groups))
 
@@ -44,11 +50,11 @@ def accuracy_figure(groups: list[GroupStats]) -> Any:
                 x=xs, y=[by_type[t].mean.get(key) for t in xs], name=system, legendgroup=system,
                 showlegend=col == 1, row=1, col=col,
                 marker_color=palette[s_index % len(palette)],
-                error_y={"type": "data", "visible": True,
-                         "array": [by_type[t].spread.get(key) or 0.0 for t in xs]},
+                error_y=_error_bars([by_type[t].spread.get(key) for t in xs]),
                 customdata=[by_type[t].questions for t in xs],
                 hovertemplate="%{x}: %{y:.3f} (%{customdata} questions)",
             )
+    fig.update_xaxes(tickangle=-30)  # five type names share a third of the width
     fig.update_layout(barmode="group", height=420, title="Accuracy by system and question type",
                       yaxis_title="score", legend_title="system")
     return fig
@@ -98,7 +104,7 @@ def scatter_figure(groups: list[GroupStats]) -> Any:
         x=[g.mean.get("retrievals") for g in overall], y=[g.mean.get("f1") for g in overall],
         mode="markers+text", name="system (all questions)", text=[g.system for g in overall],
         textposition="top center", marker={"size": 14},
-        error_y={"type": "data", "array": [g.spread.get("f1") or 0.0 for g in overall]},
+        error_y=_error_bars([g.spread.get("f1") for g in overall]),
         hovertemplate="%{text}<br>retrievals %{x:.2f}, F1 %{y:.3f}<extra></extra>")
     fig.update_layout(height=420, title="Accuracy (F1) vs retrievals per question",
                       xaxis_title="retrievals per question (mean)", yaxis_title="F1")

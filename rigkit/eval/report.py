@@ -119,7 +119,8 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         f"`{meta.get('config_file') or 'defaults'}`.",
         "Figures are means over questions; with several runs, ± is the standard deviation of the "
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
-        "supporting paragraphs (by title; pid: by paragraph id) among the injected passages.",
+        "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
+        "Cover EM is lenient on comparison questions, whose answers often name both candidates.",
     ]
 
 
@@ -165,7 +166,8 @@ th{background:#f3f3f3}.note{color:#555}"""
 
 
 def html_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    parts = [f"<p class='note'>{html.escape(line)}</p>" for line in _describe(meta, rows)]
+    parts = [f"<p class='note'>{html.escape(line.replace('`', ''))}</p>"
+             for line in _describe(meta, rows)]
     for title, table in report_tables(rows).items():
         parts += [f"<h2>{html.escape(title)}</h2>", _html_table(table)]
     for i, (title, fig) in enumerate(report_figures(rows).items()):

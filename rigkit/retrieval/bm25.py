@@ -83,7 +83,9 @@ class BM25Retriever:
 
     name = "bm25"
 
-    def __init__(self, chunks: Sequence[Chunk], engine, backend: str, method: str, k1: float, b: float):
+    def __init__(
+        self, chunks: Sequence[Chunk], engine, backend: str, method: str, k1: float, b: float
+    ):
         self.chunks = chunks
         self.engine = engine
         self.backend, self.method, self.k1, self.b = backend, method, k1, b

@@ -28,7 +28,9 @@ HNSW_EF_SEARCH = 64
 IVF_PROBE_SHARE = 1 / 16  # share of cells visited per query
 
 
-def embed_texts(embedder, texts: Sequence[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
+def embed_texts(
+    embedder, texts: Sequence[str], batch_size: int = 64, progress: bool = False
+) -> np.ndarray:
     """(n, dim) float32 unit vectors; sentence-transformers batches and sorts by length."""
     vectors = embedder.encode(
         list(texts),
@@ -78,8 +80,12 @@ class DenseRetriever:
 
     @classmethod
     def build(
-        cls, chunks: Sequence[Chunk], embedding_model: str = "all-MiniLM-L6-v2", kind: str = "flat",
-        embedder=None, batch_size: int = 64,
+        cls,
+        chunks: Sequence[Chunk],
+        embedding_model: str = "all-MiniLM-L6-v2",
+        kind: str = "flat",
+        embedder=None,
+        batch_size: int = 64,
     ) -> DenseRetriever:
         from rigkit.embeddings import load_embedder
 
@@ -121,7 +127,9 @@ class DenseRetriever:
         scores, ids = self.index.search(vector[None, :], min(depth, self.index.ntotal))
         ranked = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
         ranked.sort(key=lambda p: (-p[1], p[0]))  # ties by position, like every rigkit ranking
-        return Scored(self.name, ranked, _lazy_full=lambda: self._all_scores(vector).astype(np.float64))
+        return Scored(
+            self.name, ranked, _lazy_full=lambda: self._all_scores(vector).astype(np.float64)
+        )
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         scored = self.scored(query, top_k * 2)

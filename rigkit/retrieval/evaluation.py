@@ -52,11 +52,17 @@ def evaluate_retrieval(
     hybrid = index.retriever("hybrid", bm25_backend=bm25_backend)
     bm25, dense = hybrid.retrievers["bm25"], hybrid.retrievers["dense"]
     depth = max(max(ks) * 2, *hybrid.top_ks.values())
-    vectors = embed_texts(dense.embedder, [r["question"] for r in rows]) if "dense" in modes or "hybrid" in modes else None
+    vectors = (
+        embed_texts(dense.embedder, [r["question"] for r in rows])
+        if "dense" in modes or "hybrid" in modes
+        else None
+    )
     totals = {mode: dict.fromkeys([*(f"recall@{k}" for k in ks), "mrr"], 0.0) for mode in modes}
     for i, row in enumerate(rows):
         gold = supporting_keys(row, by)
-        scored = {"bm25": bm25.scored(row["question"], depth)} if {"bm25", "hybrid"} & set(modes) else {}
+        scored = (
+            {"bm25": bm25.scored(row["question"], depth)} if {"bm25", "hybrid"} & set(modes) else {}
+        )
         if vectors is not None:
             scored["dense"] = dense.scored(row["question"], depth, vector=vectors[i])
         for mode in modes:
@@ -68,4 +74,6 @@ def evaluate_retrieval(
                 raise InputError(f"unknown retrieval mode {mode!r}")
             for key, value in score_hits(hits, gold, by, ks).items():
                 totals[mode][key] += value
-    return {mode: {k: round(v / len(rows), 4) for k, v in vals.items()} for mode, vals in totals.items()}
+    return {
+        mode: {k: round(v / len(rows), 4) for k, v in vals.items()} for mode, vals in totals.items()
+    }

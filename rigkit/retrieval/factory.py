@@ -72,8 +72,13 @@ def open_index(config: RetrievalConfig) -> Index:
             if getattr(config, name) != getattr(_DEFAULTS, name)
         }
         index = Index.load(config.index)
-        check_manifest(index.manifest, Path(config.index), config.embedding_model,
-                       chunk_size=config.chunk_size, **expected)
+        check_manifest(
+            index.manifest,
+            Path(config.index),
+            config.embedding_model,
+            chunk_size=config.chunk_size,
+            **expected,
+        )
         return index
     corpus = Path(config.corpus) if config.corpus is not None else demo_corpus_path()
     if not corpus.exists():
@@ -82,7 +87,12 @@ def open_index(config: RetrievalConfig) -> Index:
 
     params = _build_params(config)
     key_source = json.dumps(
-        {"corpus": corpus_fingerprint(corpus), "format": FORMAT_VERSION, "tokens": TOKENIZER_VERSION, **params},
+        {
+            "corpus": corpus_fingerprint(corpus),
+            "format": FORMAT_VERSION,
+            "tokens": TOKENIZER_VERSION,
+            **params,
+        },
         sort_keys=True,
     )
     folder = cache_dir() / f"{corpus.stem}-{hashlib.sha256(key_source.encode()).hexdigest()[:16]}"
@@ -93,8 +103,14 @@ def open_index(config: RetrievalConfig) -> Index:
             log.warning("cached index %s unusable (%s); rebuilding", folder, err)
     log.info("building index for %s in %s", corpus, folder)
     return Index.build(
-        corpus, folder, embedding_model=config.embedding_model, chunk_size=params["chunk_size"],
-        overlap=config.overlap, bm25_method=config.bm25_method, k1=config.k1, b=config.b,
+        corpus,
+        folder,
+        embedding_model=config.embedding_model,
+        chunk_size=params["chunk_size"],
+        overlap=config.overlap,
+        bm25_method=config.bm25_method,
+        k1=config.k1,
+        b=config.b,
         dense_index=config.dense_index,
     )
 

@@ -20,7 +20,9 @@ __all__ = ["rrf_scores", "HybridRetriever"]
 
 
 def rrf_scores(
-    ranked_lists: Mapping[str, Sequence[int]], weights: Mapping[str, float] | None = None, k: int = 60
+    ranked_lists: Mapping[str, Sequence[int]],
+    weights: Mapping[str, float] | None = None,
+    k: int = 60,
 ) -> dict[int, float]:
     """RRF score of every listed item. ranked_lists: retriever name -> item ids, best first."""
     fused: dict[int, float] = {}

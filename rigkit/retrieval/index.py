@@ -25,7 +25,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rigkit.corpus import Chunk, chunk_documents, corpus_fingerprint, load_documents, read_chunks, write_chunks
+from rigkit.corpus import (
+    Chunk,
+    chunk_documents,
+    corpus_fingerprint,
+    load_documents,
+    read_chunks,
+    write_chunks,
+)
 from rigkit.errors import IndexMismatchError, InputError
 from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
 from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
@@ -106,7 +113,9 @@ class Index:
             _warn_truncation(chunks, embedding_model, size)
 
         t = time.perf_counter()
-        bm25 = BM25Retriever.build(chunks, "bm25s", bm25_method, k1, b, tokens=tokenize_many(c.index_text for c in chunks))
+        bm25 = BM25Retriever.build(
+            chunks, "bm25s", bm25_method, k1, b, tokens=tokenize_many(c.index_text for c in chunks)
+        )
         timings["bm25_s"] = time.perf_counter() - t
         t = time.perf_counter()
         embedder = embedder or load_embedder(embedding_model)
@@ -123,7 +132,11 @@ class Index:
             "embedding_model": canonical_model_name(embedding_model),
             "dimension": int(vectors.shape[1]),
             "chunking": {"chunk_size": size, "overlap": overlap, "split": split},
-            "corpus": {"name": Path(corpus).name, "sha256": corpus_fingerprint(corpus), "documents": len(docs)},
+            "corpus": {
+                "name": Path(corpus).name,
+                "sha256": corpus_fingerprint(corpus),
+                "documents": len(docs),
+            },
             "chunks": len(chunks),
             "bm25": {"method": bm25_method, "k1": k1, "b": b, "tokenizer": TOKENIZER_VERSION},
             "dense": {"index": dense_index, "normalized": True, "metric": "inner_product"},
@@ -133,18 +146,24 @@ class Index:
             write_chunks(tmp / "chunks.jsonl", chunks)
             bm25.save(tmp / "bm25")
             DenseRetriever(chunks, faiss_index, embedding_model).save(tmp / "dense.faiss")
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            (tmp / "manifest.json").write_text(
+                json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
+            )
         return cls(out, manifest, chunks, _bm25=bm25, _faiss=faiss_index, _embedder=embedder)
 
     # ------------------------------------------------------------ load
 
     @classmethod
-    def load(cls, path: str | Path, embedding_model: str | None = None, embedder: Any = None) -> Index:
+    def load(
+        cls, path: str | Path, embedding_model: str | None = None, embedder: Any = None
+    ) -> Index:
         """Open a saved index; `embedding_model` (if given) must match the one it was built with."""
         path = Path(path)
         manifest_file = path / "manifest.json"
         if not manifest_file.exists():
-            raise InputError(f"{path} is not a rigkit index (no manifest.json); build one with `rigkit index build`")
+            raise InputError(
+                f"{path} is not a rigkit index (no manifest.json); build one with `rigkit index build`"
+            )
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         if manifest.get("format_version") != FORMAT_VERSION:
             raise IndexMismatchError(
@@ -165,16 +184,22 @@ class Index:
             if backend == "bm25s" and self._bm25 is not None:
                 retriever = self._bm25
             elif backend == "bm25s":
-                retriever = BM25Retriever.load(self.path / "bm25", self.chunks, p["method"], p["k1"], p["b"])
+                retriever = BM25Retriever.load(
+                    self.path / "bm25", self.chunks, p["method"], p["k1"], p["b"]
+                )
             else:  # the reference backend is rebuilt in memory from the same chunks
-                retriever = BM25Retriever.build(self.chunks, "rank_bm25", p["method"], p["k1"], p["b"])
+                retriever = BM25Retriever.build(
+                    self.chunks, "rank_bm25", p["method"], p["k1"], p["b"]
+                )
             self._retrievers[key] = retriever
         return self._retrievers[key]
 
     def dense(self) -> DenseRetriever:
         if "dense" not in self._retrievers:
             faiss_index = self._faiss or DenseRetriever.read_index(self.path / "dense.faiss")
-            self._retrievers["dense"] = DenseRetriever(self.chunks, faiss_index, self.embedding_model, self._embedder)
+            self._retrievers["dense"] = DenseRetriever(
+                self.chunks, faiss_index, self.embedding_model, self._embedder
+            )
         return self._retrievers["dense"]
 
     def retriever(
@@ -202,7 +227,9 @@ class Index:
         raise InputError(f"unknown retrieval mode {mode!r}; choose from {MODES}")
 
 
-def check_manifest(manifest: dict[str, Any], path: Path, embedding_model: str | None = None, **expected: Any) -> None:
+def check_manifest(
+    manifest: dict[str, Any], path: Path, embedding_model: str | None = None, **expected: Any
+) -> None:
     """Raise IndexMismatchError if the index was built with other settings than `expected`.
 
     `expected` keys: chunk_size, bm25_method, k1, b, dense_index (None = accept the index's)."""
@@ -219,7 +246,11 @@ def check_manifest(manifest: dict[str, Any], path: Path, embedding_model: str | 
     asked = dict(expected)
     if embedding_model is not None:
         asked["embedding_model"] = canonical_model_name(embedding_model)
-    wrong = [f"{k}: index has {built[k]!r}, asked for {v!r}" for k, v in asked.items() if v is not None and built[k] != v]
+    wrong = [
+        f"{k}: index has {built[k]!r}, asked for {v!r}"
+        for k, v in asked.items()
+        if v is not None and built[k] != v
+    ]
     if wrong:
         raise IndexMismatchError(
             f"index {path} does not match the requested settings ({'; '.join(wrong)}). Rebuild it with "
@@ -231,13 +262,24 @@ def _warn_truncation(chunks: list[Chunk], embedding_model: str, limit: int) -> N
     from rigkit.embeddings import load_tokenizer
 
     tokenizer = load_tokenizer(embedding_model)
-    over = sum(len(ids) > limit for ids in tokenizer([c.index_text for c in chunks], verbose=False)["input_ids"])
+    over = sum(
+        len(ids) > limit
+        for ids in tokenizer([c.index_text for c in chunks], verbose=False)["input_ids"]
+    )
     if over:
-        log.warning("%d of %d unsplit documents exceed %d tokens; %s truncates them", over, len(chunks), limit, embedding_model)
+        log.warning(
+            "%d of %d unsplit documents exceed %d tokens; %s truncates them",
+            over,
+            len(chunks),
+            limit,
+            embedding_model,
+        )
 
 
 def _check_target(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").exists())):
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").exists())
+    ):
         raise InputError(f"{out} exists and is not a rigkit index; refusing to overwrite it")
 
 
@@ -249,7 +291,9 @@ class _atomic_dir:
 
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=f".{self.target.name}.building-"))
+        self.tmp = Path(
+            tempfile.mkdtemp(dir=self.target.parent, prefix=f".{self.target.name}.building-")
+        )
         os.chmod(self.tmp, 0o755)  # mkdtemp makes it private; an index is an ordinary folder
         return self.tmp
 

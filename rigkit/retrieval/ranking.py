@@ -88,7 +88,9 @@ def _fingerprint(text: str) -> str:
     return hashlib.sha1(re.sub(r"\W+", " ", text.lower()).strip().encode()).hexdigest()
 
 
-def collapse_near_duplicates(order: Sequence[int], chunks: Sequence[Chunk]) -> list[tuple[int, list[str]]]:
+def collapse_near_duplicates(
+    order: Sequence[int], chunks: Sequence[Chunk]
+) -> list[tuple[int, list[str]]]:
     """Keep the first of hits that are the same slice: same document with overlapping character
     spans (neighbouring windows), or the same text up to case/punctuation (a copied document).
     Returns (kept index, chunk ids collapsed into it), in the given order."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rigkit.config import RunConfig
+from rigkit.config import DeciderConfig, RunConfig
 
 __all__ = ["EndEffect", "end_effect"]
 
@@ -53,9 +53,13 @@ def end_effect(
     from rigkit.eval.metrics import cover_match, exact_match, token_f1
 
     config = config or RunConfig()
+    # Fresh decider sections: a config's threshold for one decider must not leak into the other
+    # (the classifier then uses the threshold stored in its file); the config's own settings for
+    # the baseline (e.g. configs/cpu.yaml's prob threshold) are kept.
+    same = config.decider.name == baseline
     systems = {
-        "classifier": config.override(decider={"name": "classifier", "trigger_model": model_path}),
-        baseline: config.override(decider={"name": baseline}),
+        "classifier": replace(config, decider=DeciderConfig(name="classifier", trigger_model=model_path)),
+        baseline: config if same else replace(config, decider=DeciderConfig(name=baseline)),
     }
     rows: list[dict[str, Any]] = []
     for name, cfg in systems.items():
