@@ -24,7 +24,7 @@ from rigkit.prompt import StopRule
 from rigkit.prompts import citation_tag
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
-from rigkit.trace import Hit, Injection, RIGResult, RoundTrace
+from rigkit.trace import Hit, Injection, RIGResult, RoundTrace, Segment
 
 __all__ = ["RIGController", "RoundCallback"]
 
@@ -49,6 +49,7 @@ class _Run:
     tokens_since_retrieval: int = 0
     generated: int = 0
     low_confidence: bool = False
+    pending: Segment | None = None  # the flagged segment of the last "regenerate"
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -106,10 +107,10 @@ class RIGController:
                 if hasattr(callback, "on_round_end"):
                     callback.on_round_end(trace)
             yield trace
-            if trace.segment.finished and trace.action != "regenerate":
-                break
-            if not trace.segment.token_ids and trace.action != "regenerate":
-                break  # the model produced nothing more
+            if trace.action in ("regenerate", "restore"):
+                continue
+            if trace.segment.finished or not trace.segment.token_ids:
+                break  # end of turn, or the model produced nothing more
         self.last_result = self._result(run)
 
     # -- one round -----------------------------------------------------------------------------
@@ -137,7 +138,13 @@ class RIGController:
         decision.segment_text = segment.text
         trace = RoundTrace(index=len(run.rounds), segment=segment, decision=decision, timings=timings,
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused)
-        if not decision.retrieve:
+        if run.pending is not None and segment.finished and not segment.text.strip():
+            # Small models sometimes end the turn right after the passages; rather than lose the
+            # sentence, keep the flagged one and let the model go on from it.
+            self.context.accept(run.pending)
+            run.generated += len(run.pending.token_ids)
+            trace.action = "restore"
+        elif not decision.retrieve:
             self.context.accept(segment)
         elif run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished:
             run.low_confidence = run.retrievals >= self.config.max_rounds
@@ -145,6 +152,7 @@ class RIGController:
             self.context.accept(segment)
         else:
             self._retrieve(run, trace, state)
+        run.pending = segment if trace.action == "regenerate" else None
         trace.budget = self.context.budget()
         trace.draft = self._clean(self.context.draft)
         trace.retrieval_round = run.retrievals

@@ -176,3 +176,11 @@ def test_result_json_round_trip_is_exact():
     data = result.to_dict()
     assert set(data["tokens"]) == {"prompt", "generated", "prefilled", "reused"}
     assert "tokens_prefilled" in data["rounds"][0] and "tokens_reused" in data["rounds"][0]
+
+
+def test_an_empty_turn_after_regeneration_restores_the_flagged_segment():
+    empty = make_segment("", finish_reason="end_of_turn")
+    gen = ScriptedGenerator(["Apache needs XYZ.", empty, " It also needs NOTICE."])
+    result = controller(gen, FireOnWord("XYZ"), max_rounds=1).run("What does Apache need?")
+    assert [r.action for r in result.rounds] == ["regenerate", "restore", "accept"]
+    assert result.answer.startswith("Apache needs XYZ. It also needs NOTICE.")

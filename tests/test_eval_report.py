@@ -80,6 +80,7 @@ def test_write_report_is_self_contained_and_tolerates_a_torn_line(tmp_path):
     md = (folder / "report.md").read_text()
     assert md == markdown_report(json.loads((folder / "meta.json").read_text()), _rows())
     assert not [p for p in folder.iterdir() if p.name.startswith(".report")]
+    assert path.stat().st_mode & 0o044  # readable by others, unlike a bare mkstemp file
 
 
 def test_cli_report_and_errors(tmp_path, capsys):

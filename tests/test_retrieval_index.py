@@ -179,3 +179,24 @@ def test_cli_rejects_chunk_size_over_the_model_limit(tmp_path, capsys):
         capsys,
     )
     assert code == 2 and "256" in err and not (tmp_path / "i").exists()
+
+
+def test_cache_build_keeps_an_index_another_process_finished_first(tmp_path):
+    out = tmp_path / "index"
+    Index.build(DEMO, out, embedder=HashEmbedder())
+    before = (out / "manifest.json").read_text()
+    Index.build(DEMO, out, embedder=HashEmbedder(), overwrite=False)
+    assert (out / "manifest.json").read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_approximate_dense_indexes_build_load_and_fill_ranks(tmp_path, kind):
+    built = Index.build(DEMO, tmp_path / kind, dense_index=kind, embedder=HashEmbedder())
+    loaded = Index.load(tmp_path / kind, embedder=HashEmbedder())
+    assert loaded.manifest["dense"]["index"] == kind
+    query = "copyleft source code obligations"
+    exact = Index.build(DEMO, tmp_path / "flat", embedder=HashEmbedder()).retriever("dense")
+    assert loaded.retriever("dense").search(query, 3)[0].chunk_id == exact.search(query, 3)[0].chunk_id
+    for hit in built.retriever("hybrid").search(query, 8):
+        assert set(hit.ranks) == {"bm25", "dense", "hybrid"}

@@ -130,3 +130,24 @@ def test_classifier_decider_inside_the_controller(tmp_path):
     assert [d.decider for d in decisions] == ["classifier"] * len(decisions)
     assert not decisions[0].retrieve and decisions[1].retrieve
     assert result.used_retrieval_times == 1
+
+
+def test_end_effect_runs_both_deciders_on_the_same_questions(tmp_path):
+    from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
+    from rigkit.trace import Hit
+    from rigkit.trigger.endeffect import end_effect
+
+    model = train_trigger(synthetic_labels(40), features=("probability",))
+    path = save_trigger(model, tmp_path / "trigger.skops")
+    invented = make_segment("It was made by Zoltan.", [0.9, 0.9, 0.8, 0.05, 0.04])
+    gen = ScriptedGenerator([
+        invented, make_segment("Shawn Levy.", finish_reason="end_of_turn"),  # classifier run
+        make_segment("Zoltan.", [0.9], finish_reason="end_of_turn"),  # prob run: confident
+    ])
+    hit = Hit("c1", "d1", "Free Guy", "Free Guy was directed by Shawn Levy.", 1.0)
+    record = {"id": "q1", "question": "Who directed Free Guy?", "answer": "Shawn Levy"}
+    effect = end_effect([record], str(path), gen, DictRetriever({}, default=[hit]), progress=False)
+    assert set(effect.systems) == {"classifier", "prob"}
+    assert effect.systems["classifier"]["retrievals"] == 1 and effect.systems["prob"]["retrievals"] == 0
+    assert effect.systems["classifier"]["cover"] == 1.0 and effect.systems["prob"]["cover"] == 0.0
+    assert "| classifier |" in effect.table() and effect.to_dict()["questions"] == 1

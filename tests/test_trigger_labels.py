@@ -90,3 +90,39 @@ def test_build_labels_with_scripted_generator(tmp_path):
 def test_build_labels_rejects_unknown_rule():
     with pytest.raises(InputError, match="unknown labelling rule"):
         build_labels([RECORD], ScriptedGenerator([]), rule="r9", progress=False)
+
+
+class _Crashing(ScriptedGenerator):
+    def next_segment(self, prompt, stop, max_new_tokens):
+        if not self.segments:
+            raise RuntimeError("killed")
+        return super().next_segment(prompt, stop, max_new_tokens)
+
+
+def test_checkpoint_then_resume_skips_done_questions(tmp_path):
+    from rigkit.trigger.labels import resumable
+    from rigkit.trigger.labelset import load_labels
+
+    qa = tmp_path / "qa.jsonl"
+    second = {**RECORD, "id": "q2", "question": "Which year was Free Guy released?", "answer": "2021"}
+    import json
+
+    qa.write_text("\n".join(json.dumps(r) for r in (RECORD, second)) + "\n", encoding="utf-8")
+    out = tmp_path / "labels.jsonl"
+    gen = _Crashing([make_segment("It was Martin Scorsese.", finish_reason="end_of_turn"),
+                     make_segment("Shawn Levy.", finish_reason="end_of_turn")])
+    gen.spec = "scripted"
+    with pytest.raises(RuntimeError, match="killed"):  # a crash during the second question
+        build_labels(qa, gen, progress=False, checkpoint=out)
+    partial = load_labels(out)
+    assert partial.meta["complete"] is False and partial.meta["done_qids"] == ["q1"]
+    resume = resumable(out, qa, gen)
+    assert resume is not None and len(resume) == 1
+    gen2 = ScriptedGenerator([make_segment("It came out in 2021.", finish_reason="end_of_turn"),
+                              make_segment("2021.", finish_reason="end_of_turn")])
+    gen2.spec = "scripted"
+    full = build_labels(qa, gen2, progress=False, checkpoint=out, resume=resume)
+    assert [r.qid for r in full.rows] == ["q1", "q2"] and full.meta["complete"]
+    assert len(gen2.prompts) == 2  # only q2 was generated again
+    gen2.spec = "another-model"
+    assert resumable(out, qa, gen2) is None

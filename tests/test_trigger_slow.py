@@ -1,4 +1,4 @@
-"""The trigger pipeline with the real default model on two questions (slow: loads SmolLM2)."""
+"""The trigger pipeline with the real default model on one question (slow: loads SmolLM2)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def config():
     from rigkit.config import load_config
 
     root = Path(__file__).resolve().parents[1]
-    return load_config(root / "configs" / "cpu.yaml").override(generator={"max_answer_tokens": 40})
+    return load_config(root / "configs" / "cpu.yaml").override(generator={"max_answer_tokens": 32})
 
 
 def test_real_labels_then_classifier_in_the_controller(generator, config, tmp_path):
@@ -33,7 +33,7 @@ def test_real_labels_then_classifier_in_the_controller(generator, config, tmp_pa
     from rigkit.testing import DictRetriever
     from rigkit.trigger import build_labels, load_labels, save_trigger, train_trigger
 
-    labels = build_labels(QA, generator, config, limit=2, progress=False)
+    labels = build_labels(QA, generator, config, limit=1, progress=False)
     assert labels.meta["generator"] == generator.spec and labels.meta["data_hash"].startswith("sha256:")
     assert {r.qid for r in labels.rows} and all(r.tokens and r.logprobs for r in labels.rows)
     width = generator.model.config.hidden_size
@@ -42,7 +42,7 @@ def test_real_labels_then_classifier_in_the_controller(generator, config, tmp_pa
     back = load_labels(labels.save(tmp_path / "labels.jsonl"))
     assert len(back) == len(labels)
 
-    # Two questions cannot hold both classes reliably: pad with synthetic rows of the same width.
+    # One question cannot hold both classes: pad with synthetic rows of the same width.
     train_set = synthetic_labels(30, hidden_dim=width)
     train_set.rows += back.rows
     train_set.meta["generator"] = generator.spec

@@ -19,7 +19,15 @@ log = logging.getLogger("rigkit")
 def register(subparsers) -> None:
     index = subparsers.add_parser("index", help="build or inspect a saved retrieval index")
     actions = index.add_subparsers(dest="index_command", required=True)
+    _add_build(actions)
+    info = actions.add_parser("info", help="print an index's manifest")
+    info.add_argument("dir")
+    info.set_defaults(func=_info)
+    _add_search(subparsers)
+    _add_eval(subparsers)
 
+
+def _add_build(actions) -> None:
     build = actions.add_parser("build", help="chunk a corpus and build BM25 + vector indexes")
     build.add_argument("--corpus", required=True, help="JSONL file, or folder of .md/.txt files")
     build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
@@ -45,10 +53,8 @@ def register(subparsers) -> None:
     build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
     build.set_defaults(func=_build)
 
-    info = actions.add_parser("info", help="print an index's manifest")
-    info.add_argument("dir")
-    info.set_defaults(func=_info)
 
+def _add_search(subparsers) -> None:
     search = subparsers.add_parser("search", help="ranked hits for a query from a saved index")
     search.add_argument("dir", help="index folder")
     search.add_argument("query")
@@ -61,6 +67,8 @@ def register(subparsers) -> None:
     search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     search.set_defaults(func=_search)
 
+
+def _add_eval(subparsers) -> None:
     ev = subparsers.add_parser(
         "eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set"
     )

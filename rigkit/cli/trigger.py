@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="generator spec (default: the config's)")
     p.add_argument("--max-answer-tokens", type=int, help="cap each answer (labels the first sentences)")
     p.add_argument("--no-hidden", action="store_true", help="do not store hidden states")
+    p.add_argument("--fresh", action="store_true",
+                   help="start over instead of resuming an unfinished --out (saved per question)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=_build_labels)
 
@@ -63,7 +65,7 @@ def _log(text: str) -> None:
 def _build_labels(args: argparse.Namespace) -> int:
     from rigkit.config import load_config
     from rigkit.generation import load_generator
-    from rigkit.trigger.labels import agreement, build_labels
+    from rigkit.trigger.labels import agreement, build_labels, resumable
 
     config = load_config(args.config)
     if args.model or args.max_answer_tokens:
@@ -71,8 +73,12 @@ def _build_labels(args: argparse.Namespace) -> int:
             generator={"model": args.model, "max_answer_tokens": args.max_answer_tokens}
         )
     generator = load_generator(config.generator.model)
+    resume = None if args.fresh else resumable(args.out, args.qa, generator)
+    if resume is not None:
+        _log(f"resuming {args.out}: {len(resume.meta.get('done_qids', []))} questions already labelled")
     labels = build_labels(args.qa, generator, config, limit=args.limit, rule=args.rule,
-                          hidden=not args.no_hidden, min_gain=args.min_gain)
+                          hidden=not args.no_hidden, min_gain=args.min_gain,
+                          checkpoint=args.out, resume=resume)
     labels.save(args.out)
     summary = {"out": args.out, "segments": len(labels), "positives": labels.positives,
                "rule": labels.rule, "questions": labels.meta.get("questions"),

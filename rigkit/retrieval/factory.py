@@ -112,6 +112,7 @@ def open_index(config: RetrievalConfig) -> Index:
         k1=config.k1,
         b=config.b,
         dense_index=config.dense_index,
+        overwrite=False,
     )
 
 

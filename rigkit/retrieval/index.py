@@ -93,19 +93,22 @@ class Index:
         batch_size: int = 64,
         progress: bool = False,
         embedder: Any = None,
+        overwrite: bool = True,
     ) -> Index:
         """Chunk `corpus`, build both indexes from the one chunk list, write them to `out`.
 
         `embedder` (anything with sentence-transformers' `encode`) replaces the model loaded by
-        name, e.g. a stub in tests; the manifest still records `embedding_model`."""
-        from rigkit import __version__
-        from rigkit.embeddings import canonical_model_name, load_embedder, load_tokenizer
+        name, e.g. a stub in tests; the manifest still records `embedding_model`.
+        `overwrite=False` keeps an index that appeared at `out` while this one was building (the
+        implicit cache: two processes building the same key both end with a valid index)."""
+        from rigkit.embeddings import load_embedder, load_tokenizer
 
         out = Path(out)
         _check_target(out)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         docs = load_documents(corpus)  # raises on a malformed line before anything is written
+        fingerprint = corpus_fingerprint(corpus)  # of the bytes read, not of a later edit
         size = resolve_chunk_size(embedding_model, chunk_size)
         chunks = chunk_documents(docs, load_tokenizer(embedding_model), size, overlap, split)
         timings["chunking_s"] = time.perf_counter() - started
@@ -125,24 +128,17 @@ class Index:
         faiss_index = build_faiss_index(vectors, dense_index)
         timings["faiss_s"] = time.perf_counter() - t
 
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "rigkit_version": __version__,
-            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "embedding_model": canonical_model_name(embedding_model),
-            "dimension": int(vectors.shape[1]),
-            "chunking": {"chunk_size": size, "overlap": overlap, "split": split},
-            "corpus": {
-                "name": Path(corpus).name,
-                "sha256": corpus_fingerprint(corpus),
-                "documents": len(docs),
-            },
-            "chunks": len(chunks),
-            "bm25": {"method": bm25_method, "k1": k1, "b": b, "tokenizer": TOKENIZER_VERSION},
-            "dense": {"index": dense_index, "normalized": True, "metric": "inner_product"},
-            "timings": {k: round(v, 3) for k, v in timings.items()},
-        }
-        with _atomic_dir(out) as tmp:
+        manifest = _manifest(
+            embedding_model,
+            int(vectors.shape[1]),
+            {"chunk_size": size, "overlap": overlap, "split": split},
+            {"name": Path(corpus).name, "sha256": fingerprint, "documents": len(docs)},
+            len(chunks),
+            {"method": bm25_method, "k1": k1, "b": b},
+            dense_index,
+            timings,
+        )
+        with _atomic_dir(out, overwrite) as tmp:
             write_chunks(tmp / "chunks.jsonl", chunks)
             bm25.save(tmp / "bm25")
             DenseRetriever(chunks, faiss_index, embedding_model).save(tmp / "dense.faiss")
@@ -227,6 +223,34 @@ class Index:
         raise InputError(f"unknown retrieval mode {mode!r}; choose from {MODES}")
 
 
+def _manifest(
+    embedding_model: str,
+    dimension: int,
+    chunking: dict,
+    corpus: dict,
+    n_chunks: int,
+    bm25: dict,
+    dense_index: str,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    from rigkit import __version__
+    from rigkit.embeddings import canonical_model_name
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "rigkit_version": __version__,
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "embedding_model": canonical_model_name(embedding_model),  # never an install path
+        "dimension": dimension,
+        "chunking": chunking,
+        "corpus": corpus,
+        "chunks": n_chunks,
+        "bm25": {**bm25, "tokenizer": TOKENIZER_VERSION},
+        "dense": {"index": dense_index, "normalized": True, "metric": "inner_product"},
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
 def check_manifest(
     manifest: dict[str, Any], path: Path, embedding_model: str | None = None, **expected: Any
 ) -> None:
@@ -286,8 +310,9 @@ def _check_target(out: Path) -> None:
 class _atomic_dir:
     """Context manager: yields a temp folder beside `target`; on success it replaces `target`."""
 
-    def __init__(self, target: Path):
+    def __init__(self, target: Path, overwrite: bool = True):
         self.target = target
+        self.overwrite = overwrite
 
     def __enter__(self) -> Path:
         self.target.parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +327,9 @@ class _atomic_dir:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
         old = None
+        if not self.overwrite and (self.target / "manifest.json").exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)  # another process finished first
+            return
         if self.target.exists():  # a directory rename cannot replace a non-empty one: swap aside
             old = self.target.parent / f".{self.target.name}.old-{os.getpid()}-{time.time_ns()}"
             os.replace(self.target, old)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ __all__ = [
     "RULES",
     "RULE_DOCS",
     "build_labels",
+    "resumable",
     "label_question",
     "unsupported_facts",
     "answer_gain",
@@ -155,9 +156,14 @@ def build_labels(
     hidden: bool = True,
     min_gain: float = 0.5,
     progress: bool = True,
-    on_question: Callable[[dict[str, Any], list[LabelledSegment]], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: LabelSet | None = None,
 ) -> LabelSet:
-    """Run the generator closed-book and with gold paragraphs; label every segment (see above)."""
+    """Run the generator closed-book and with gold paragraphs; label every segment (see above).
+
+    With `checkpoint`, the set so far is saved (atomically) after every question, marked
+    `complete: false`; passing that set back as `resume` skips the questions it already holds.
+    """
     from tqdm.auto import tqdm
 
     from rigkit.build import answer_with_passages
@@ -166,29 +172,48 @@ def build_labels(
         raise InputError(f"unknown labelling rule {rule!r}; choose from {list(RULES)}")
     config = config or RunConfig()
     records, meta = _records(qa, limit)
-    rows: list[LabelledSegment] = []
-    started = time.perf_counter()
-    bar = tqdm(records, desc="labelling questions", unit="q", disable=not progress)
-    for record in bar:
-        if not any(p.get("is_supporting") for p in record.get("paragraphs", [])):
-            continue  # no gold paragraphs: neither rule can be applied
-        recorder = HiddenStateRecorder(keep_hidden=hidden)
-        closed = _closed_book(generator, record["question"], config, recorder)
-        with_gold = answer_with_passages(generator, record["question"], _gold_hits(record), config)
-        new = label_question(record, closed, with_gold, recorder.hidden, rule, min_gain)
-        rows += new
-        bar.set_postfix(segments=len(rows), positives=sum(r.label for r in rows))
-        if on_question is not None:
-            on_question(record, new)
     meta.update(
         rule=rule, rules=RULE_DOCS, min_gain=min_gain, hidden=hidden,
         generator=getattr(generator, "spec", type(generator).__name__),
         generator_source=getattr(generator, "source", None),
-        generator_config=config.to_dict()["generator"],
-        seconds=round(time.perf_counter() - started, 1),
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        generator_config=config.to_dict()["generator"], complete=False,
     )
+    rows = list(resume.rows) if resume is not None else []
+    done = set(resume.meta.get("done_qids", [])) if resume is not None else set()
+    started = time.perf_counter()
+    bar = tqdm(records, desc="labelling questions", unit="q", disable=not progress)
+    for record in bar:
+        if str(record["id"]) in done:
+            continue
+        if any(p.get("is_supporting") for p in record.get("paragraphs", [])):  # else: no rule applies
+            recorder = HiddenStateRecorder(keep_hidden=hidden)
+            closed = _closed_book(generator, record["question"], config, recorder)
+            with_gold = answer_with_passages(generator, record["question"], _gold_hits(record), config)
+            rows += label_question(record, closed, with_gold, recorder.hidden, rule, min_gain)
+        done.add(str(record["id"]))
+        bar.set_postfix(segments=len(rows), positives=sum(r.label for r in rows))
+        if checkpoint is not None:
+            LabelSet(rows, {**meta, "done_qids": sorted(done)}).save(checkpoint)
+    meta.update(done_qids=sorted(done), complete=True, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                seconds=round(time.perf_counter() - started, 1))
     return LabelSet(rows, meta)
+
+
+def resumable(path: str | Path, qa: str | Path, generator: Any) -> LabelSet | None:
+    """The unfinished set at `path` if it was made from this QA file by this generator."""
+    from rigkit.trigger.labelset import load_labels
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        old = load_labels(path)
+    except InputError:
+        return None
+    data_hash = "sha256:" + hashlib.sha256(Path(qa).read_bytes()).hexdigest()[:16]
+    same = (old.meta.get("data_hash") == data_hash
+            and old.meta.get("generator") == getattr(generator, "spec", None))
+    return old if same and old.meta.get("complete") is False else None
 
 
 def _closed_book(generator: Any, question: str, config: RunConfig, recorder: HiddenStateRecorder):

@@ -3,8 +3,9 @@
 A labelled set is a JSONL file whose first line is a metadata header (`{"_meta": {...}}`: the
 generator spec that wrote the segments, the labelling rule, the QA file's content hash) followed by
 one `LabelledSegment` a line. Files without that header are read as *bring-your-own* labels: a CSV
-or JSONL table with at least `text` and `label` columns (optionally `question`, `qid`), the seed use
-case being a vertical domain (law, medicine) where a team labels its own segments.
+or JSONL table with at least `text` and `label` columns (optionally `question`, `qid`, `split`;
+JSONL rows may add `tokens`, `logprobs`, `entropies` from their generator), the seed use case
+being a vertical domain (law, medicine) where a team labels its own segments.
 """
 
 from __future__ import annotations
@@ -178,6 +179,10 @@ def _load_table(path: Path) -> LabelSet:
                 label=label,
                 rules={"user": label},
                 info={"split": rec["split"]} if rec.get("split") else {},
+                # JSONL rows may carry the generator's token evidence (probability features)
+                tokens=list(rec.get("tokens") or []),
+                logprobs=[float(x) for x in rec.get("logprobs") or []],
+                entropies=[float(x) for x in rec.get("entropies") or []],
             )
         )
     meta = {"rule": "user", "source": str(path), "generator": None, "data_hash": _file_hash(path)}

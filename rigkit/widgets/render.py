@@ -161,10 +161,12 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: str = "retr
     if not rounds:
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
+    # a "restore" round puts the previous round's flagged segment back into the answer
+    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action == "restore"}
     parts = [
         segment_html(r.segment, (), marker_tag)
-        for r in rounds[:index]
-        if r.action not in DISCARDED_ACTIONS
+        for i, r in enumerate(rounds[:index])
+        if r.action not in DISCARDED_ACTIONS or i in restored
     ]
     cur = rounds[index]
     parts.append(
