@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import CorpusError, InputError
+from rigkit.files import iter_jsonl
 
 __all__ = [
     "Document",
@@ -117,15 +118,7 @@ def _text_file(path: Path, doc_id: str) -> Document:
 def _jsonl_documents(path: Path) -> list[Document]:
     docs: list[Document] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{path}, line {lineno}: not valid JSON ({err.msg})") from err
-        if not isinstance(obj, dict):
-            raise CorpusError(f"{path}, line {lineno}: expected a JSON object")
+    for lineno, obj in iter_jsonl(path):
         text = obj.get("text")
         if not isinstance(text, str) or not text.strip():
             raise CorpusError(f"{path}, line {lineno}: missing or empty 'text'")

@@ -11,14 +11,13 @@ keeps rare types in every part.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from rigkit.errors import CorpusError, InputError
+from rigkit.files import atomic_write, iter_jsonl
 
 __all__ = [
     "REQUIRED_FIELDS",
@@ -40,27 +39,18 @@ def load_qa(path: str | Path) -> list[dict[str, Any]]:
         raise InputError(f"{path}: QA file not found")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{path}, line {lineno}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise CorpusError(f"{path}, line {lineno}: expected a JSON object")
-            missing = [k for k in REQUIRED_FIELDS if k not in row]
-            if missing:
-                raise CorpusError(f"{path}, line {lineno}: missing field(s) {', '.join(missing)}")
-            row["id"] = str(row["id"])
-            if row["id"] in seen:
-                raise CorpusError(f"{path}, line {lineno}: duplicate id {row['id']!r}")
-            seen.add(row["id"])
-            row.setdefault("type", "")
-            row.setdefault("supporting_titles", [])
-            row.setdefault("paragraphs", [])
-            rows.append(row)
+    for lineno, row in iter_jsonl(path):
+        missing = [k for k in REQUIRED_FIELDS if k not in row]
+        if missing:
+            raise CorpusError(f"{path}, line {lineno}: missing field(s) {', '.join(missing)}")
+        row["id"] = str(row["id"])
+        if row["id"] in seen:
+            raise CorpusError(f"{path}, line {lineno}: duplicate id {row['id']!r}")
+        seen.add(row["id"])
+        row.setdefault("type", "")
+        row.setdefault("supporting_titles", [])
+        row.setdefault("paragraphs", [])
+        rows.append(row)
     return rows
 
 
@@ -102,11 +92,9 @@ def write_splits(set_dir: str | Path, seed: int = 13, fractions=(0.6, 0.2, 0.2))
     splits = make_splits(rows, fractions, seed)
     payload = {"seed": seed, "fractions": list(fractions), "stratified_by": "type", **splits}
     target = set_dir / "splits.json"
-    fd, tmp = tempfile.mkstemp(dir=set_dir, prefix=".splits.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
+    with atomic_write(target) as out:
         json.dump(payload, out, indent=1)
         out.write("\n")
-    os.replace(tmp, target)
     return target
 
 

@@ -73,3 +73,13 @@ def test_missing_file_is_input_error(tmp_path):
 def test_empty_set_saves(tmp_path):
     path = LabelSet([], {"rule": "r1"}).save(tmp_path / "sub" / "e.jsonl")
     assert len(load_labels(path)) == 0
+
+
+def test_saved_files_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    from rigkit.files import default_mode
+
+    path = synthetic_labels(2).save(tmp_path / "l.jsonl")
+    assert stat.S_IMODE(os.stat(path).st_mode) == default_mode()

@@ -161,3 +161,37 @@ def test_seeded_training_is_reproducible():
     ex = FeatureExtractor(a.spec)
     np.testing.assert_array_equal(a.score_rows(labels.rows, ex), b.score_rows(labels.rows, ex))
     assert not math.isnan(a.threshold)
+
+
+def _stored_split_labels(tmp_path):
+    import json
+
+    set_dir = tmp_path / "data" / "toy"
+    set_dir.mkdir(parents=True)
+    labels = synthetic_labels(20)
+    qids = sorted({r.qid for r in labels.rows})
+    splits = {"train": qids[:12], "dev": qids[12:16], "test": qids[16:]}
+    (set_dir / "splits.json").write_text(json.dumps(splits))
+    labels.meta["set_dir"] = "data/toy"
+    return labels, splits
+
+
+def test_stored_splits_are_found_from_a_subfolder(tmp_path, monkeypatch):
+    from rigkit.trigger.labelset import load_labels
+
+    labels, splits = _stored_split_labels(tmp_path)
+    path = labels.save(tmp_path / "data" / "trigger" / "labels.jsonl")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")  # as a notebook runs
+    split_of, source = assign_splits(load_labels(path))
+    assert source == "stored splits.json"
+    assert {q for q, s in split_of.items() if s == "test"} == set(splits["test"])
+
+
+def test_missing_stored_splits_is_an_error_not_a_fresh_split(tmp_path, monkeypatch):
+    labels, _ = _stored_split_labels(tmp_path)
+    monkeypatch.chdir("/")
+    with pytest.raises(InputError, match="splits.json is not found"):
+        train_trigger(labels, features=("probability",))
+    model = train_trigger(labels, features=("probability",), set_dir=tmp_path / "data" / "toy")
+    assert model.meta["split_source"] == "stored splits.json"

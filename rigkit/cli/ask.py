@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from rigkit.config import load_config
+from rigkit.config import DeciderConfig, load_config
 from rigkit.errors import InputError
 from rigkit.trace import RIGResult, RoundTrace
 
@@ -35,8 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rigkit.build import build_controller
 
-    config = load_config(
-        args.config,
+    base = load_config(args.config)
+    if args.decider and args.decider != base.decider.name:
+        # another decider: the file's threshold and params were meant for the one it names
+        base = dataclasses.replace(base, decider=DeciderConfig(name=args.decider))
+    config = base.override(
         generator={"model": args.model, "use_cache": False if args.no_cache else None},
         retrieval={"corpus": args.corpus, "index": args.index},
         decider={"name": args.decider, "threshold": args.threshold, "trigger_model": args.trigger_model},

@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
     p.add_argument("--rule", default=None, help="train on another stored rule's labels")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set-dir", help="data set folder with splits.json (default: the labels' own)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_train)
 
@@ -98,7 +99,7 @@ def _train(args: argparse.Namespace) -> int:
 
     labels = load_labels(args.labels)
     model = train_trigger(labels, features=parse_feature_sets(args.features), model=args.model,
-                          rule=args.rule, seed=args.seed)
+                          rule=args.rule, seed=args.seed, set_dir=args.set_dir)
     save_trigger(model, args.out)
     summary = {"out": args.out, "threshold": model.threshold, "features": list(model.spec.sets),
                "split_source": model.meta["split_source"], "counts": model.meta["counts"]}

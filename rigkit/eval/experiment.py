@@ -20,9 +20,10 @@ from typing import Any
 from rigkit.config import RunConfig, load_config
 from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
-from rigkit.eval.report import META_FILE, atomic_write_text, write_report
+from rigkit.eval.report import META_FILE, write_report
 from rigkit.eval.runner import RunSummary, run_eval
 from rigkit.eval.systems import LAYOUTS, build_systems, parse_systems
+from rigkit.files import atomic_write_text
 
 __all__ = ["SPLITS", "load_questions", "evaluate"]
 

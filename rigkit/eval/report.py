@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,10 @@ from typing import Any
 from rigkit.errors import InputError
 from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, stage_names
 from rigkit.eval.runner import RESULTS_FILE, read_results
+from rigkit.files import atomic_write_text
 
 __all__ = ["META_FILE", "load_run", "report_tables", "markdown_report", "report_figures",
-           "write_report", "atomic_write_text"]
+           "write_report"]
 
 META_FILE = "meta.json"
 QUALITY = ("em", "f1", "cover_em", "support_recall", "support_recall_pid", "citation_precision",
@@ -35,21 +34,6 @@ _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
 
 Table = tuple[list[str], list[list[str]]]  # (header, rows of cells)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename over the target."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

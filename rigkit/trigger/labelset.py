@@ -13,16 +13,15 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rigkit.errors import InputError
+from rigkit.files import atomic_write_text
 from rigkit.trace import Segment
 
-__all__ = ["LABELS_FORMAT", "LabelledSegment", "LabelSet", "load_labels", "atomic_write_text"]
+__all__ = ["LABELS_FORMAT", "LabelledSegment", "LabelSet", "load_labels"]
 
 LABELS_FORMAT = 1
 _TRUE = {"1", "true", "yes", "y", "t", "retrieve", "pos", "positive"}
@@ -72,6 +71,7 @@ class LabelSet:
 
     rows: list[LabelledSegment]
     meta: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None  # where it was loaded from (to find its data set's splits.json)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -93,7 +93,7 @@ class LabelSet:
             known = sorted({k for r in self.rows for k in r.rules}) or ["none"]
             raise InputError(f"labels have no verdicts of rule {rule!r}; stored rules: {known}")
         rows = [LabelledSegment(**{**asdict(r), "label": int(r.rules[rule])}) for r in self.rows]
-        return LabelSet(rows, {**self.meta, "rule": rule})
+        return LabelSet(rows, {**self.meta, "rule": rule}, self.path)
 
     def save(self, path: str | Path) -> Path:
         """Write header + rows atomically (a temp file in the same folder, then `os.replace`)."""
@@ -110,20 +110,6 @@ def _row_to_json(row: LabelledSegment) -> dict[str, Any]:
     if data["hidden"] is not None:
         data["hidden"] = [float(f"{x:.6g}") for x in data["hidden"]]
     return data
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def load_labels(path: str | Path) -> LabelSet:
@@ -157,7 +143,7 @@ def _load_rigkit(path: Path) -> LabelSet:
                 rows.append(LabelledSegment(**json.loads(line)))
             except (json.JSONDecodeError, TypeError) as err:
                 raise InputError(f"{path}:{lineno}: not a labelled segment ({err})") from None
-    return LabelSet(rows, meta)
+    return LabelSet(rows, meta, str(path))
 
 
 def _load_table(path: Path) -> LabelSet:
@@ -186,7 +172,7 @@ def _load_table(path: Path) -> LabelSet:
             )
         )
     meta = {"rule": "user", "source": str(path), "generator": None, "data_hash": _file_hash(path)}
-    return LabelSet(rows, meta)
+    return LabelSet(rows, meta, str(path))
 
 
 def _read_records(path: Path):

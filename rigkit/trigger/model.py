@@ -14,9 +14,7 @@ trusted wholesale.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rigkit.errors import InputError, RigkitError
+from rigkit.files import atomic_write
 from rigkit.trigger.features import FeatureExtractor, FeatureInput, FeatureSpec
 from rigkit.trigger.labelset import LabelledSegment, LabelSet
 
@@ -36,6 +35,7 @@ __all__ = [
     "save_trigger",
     "load_trigger",
     "assign_splits",
+    "resolve_set_dir",
     "rows_to_inputs",
     "check_generator",
 ]
@@ -82,8 +82,12 @@ def assign_splits(labels: LabelSet, seed: int = 0) -> tuple[dict[str, str], str]
     stored = _stored_splits(labels)
     if stored is not None:
         missing = [q for q in qids if q not in stored]
-        if not missing:
-            return {q: stored[q] for q in qids}, "stored splits.json"
+        if missing:
+            raise InputError(
+                f"{len(missing)} labelled questions (e.g. {missing[0]!r}) are in no split of "
+                f"{labels.meta.get('set_dir')}/splits.json: labels and data set do not match"
+            )
+        return {q: stored[q] for q in qids}, "stored splits.json"
     explicit = {r.qid: r.info["split"] for r in labels.rows if r.info.get("split")}
     if explicit and all(q in explicit for q in qids):
         return explicit, "split column"
@@ -101,18 +105,39 @@ def assign_splits(labels: LabelSet, seed: int = 0) -> tuple[dict[str, str], str]
 
 
 def _stored_splits(labels: LabelSet) -> dict[str, str] | None:
+    """The data set's splits.json as qid -> split, or None for sets not made from a data set.
+
+    A set that records its data set folder but whose splits.json cannot be found from here is an
+    error, not a silent fresh split: that would train on the evaluation's test questions.
+    """
+    from rigkit.datasets import load_splits
+
     set_dir = labels.meta.get("set_dir")
-    if not set_dir or not Path(set_dir).exists():
+    if not set_dir:
         return None
-    try:
-        from rigkit.datasets import load_splits
-    except ImportError:
-        return None
-    try:
-        splits = load_splits(set_dir)
-    except (RigkitError, FileNotFoundError):
-        return None
+    found = resolve_set_dir(set_dir, labels.path)
+    if found is None:
+        raise InputError(
+            f"these labels come from {set_dir!r}, whose splits.json is not found from "
+            f"{Path.cwd()}; run from the project root or pass set_dir= / --set-dir"
+        )
+    splits = load_splits(found)
     return {q: name for name in ("train", "dev", "test") for q in splits.get(name, [])}
+
+
+def resolve_set_dir(set_dir: str | Path, labels_path: str | Path | None = None) -> Path | None:
+    """`set_dir` as given, else relative to an ancestor of the cwd or of the labels file
+    (a notebook runs in notebooks/, the labels may sit in data/trigger/)."""
+    given = Path(set_dir)
+    if (given / "splits.json").exists():
+        return given
+    if given.is_absolute():
+        return None
+    anchors = [Path.cwd().resolve(), *Path.cwd().resolve().parents]
+    if labels_path is not None:
+        here = Path(labels_path).resolve().parent
+        anchors += [here, *here.parents]
+    return next((a / given for a in anchors if (a / given / "splits.json").exists()), None)
 
 
 def _make_pipeline(kind: str, seed: int):
@@ -137,11 +162,18 @@ def train_trigger(
     rule: str | None = None,
     seed: int = 0,
     embedder: Any | None = None,
+    set_dir: str | Path | None = None,
 ) -> TriggerModel:
-    """Fit on the train questions, choose the threshold on dev; test is left for `evaluate`."""
+    """Fit on the train questions, choose the threshold on dev; test is left for `evaluate`.
+
+    `set_dir` points at the data set folder holding splits.json when the recorded one is not
+    found from the current directory.
+    """
     import sklearn
 
     labels = labels.relabel(rule) if rule else labels
+    if set_dir is not None:
+        labels = LabelSet(labels.rows, {**labels.meta, "set_dir": str(set_dir)}, labels.path)
     split_of, split_source = assign_splits(labels, seed)
     spec = _spec_for(labels, features, embedder)
     extractor = FeatureExtractor(spec, embedder)
@@ -194,7 +226,9 @@ def _spec_for(labels: LabelSet, features: tuple[str, ...], embedder: Any | None)
 
 def _embedding_dim(spec: FeatureSpec, embedder: Any | None) -> int:
     model = FeatureExtractor(spec, embedder).embedder
-    get_dim = getattr(model, "get_sentence_embedding_dimension", None)
+    get_dim = getattr(model, "get_embedding_dimension", None) or getattr(
+        model, "get_sentence_embedding_dimension", None
+    )
     dim = get_dim() if callable(get_dim) else None
     if dim is None:
         dim = int(np.asarray(model.encode(["probe"], normalize_embeddings=True)).shape[-1])
@@ -231,14 +265,8 @@ def save_trigger(model: TriggerModel, path: str | Path) -> Path:
         "threshold": float(model.threshold),
         "meta": model.meta,
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        sio.dump(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, binary=True) as fh:
+        fh.write(sio.dumps(payload))
     model.path = str(path)
     return path
 

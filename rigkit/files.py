@@ -1,0 +1,73 @@
+"""Files in and out: JSON Lines with file-and-line errors, and atomic writes (temp file + rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rigkit.errors import CorpusError, RigkitError
+
+__all__ = ["iter_jsonl", "atomic_write", "atomic_write_text", "write_jsonl_atomic", "default_mode"]
+
+
+def iter_jsonl(path: str | Path, error: type[RigkitError] = CorpusError) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line raises `error` naming file and line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise error(f"{path}, line {lineno}: not valid JSON ({err.msg})") from err
+        if not isinstance(obj, dict):
+            raise error(f"{path}, line {lineno}: expected a JSON object")
+        yield lineno, obj
+
+
+@contextmanager
+def atomic_write(path: str | Path, binary: bool = False) -> Iterator[Any]:
+    """A file handle whose content replaces `path` only if the block finishes without error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, default_mode())  # mkstemp makes 0600; these are ordinary, shareable files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Replace `path` with `text` atomically."""
+    with atomic_write(path) as f:
+        f.write(text)
+    return Path(path)
+
+
+def default_mode() -> int:
+    """0o666 minus the process umask: the mode `open()` would have given a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_jsonl_atomic(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
+    """Write all records to a temporary file beside `path`, then rename it into place."""
+    with atomic_write(path) as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
