@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import InputError
-from rigkit.files import atomic_write_text
+from rigkit.files import atomic_write_text, iter_jsonl
 from rigkit.trace import Segment
 
 __all__ = ["LABELS_FORMAT", "LabelledSegment", "LabelSet", "load_labels"]
@@ -182,17 +182,8 @@ def _read_records(path: Path):
             for i, rec in enumerate(csv.DictReader(fh, delimiter=delimiter), start=2):
                 yield i, {k.strip().lower(): v for k, v in rec.items() if k}
         return
-    with path.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{i}: not JSON ({err.msg})") from None
-            if not isinstance(rec, dict):
-                raise InputError(f"{path}:{i}: expected an object with 'text' and 'label'")
-            yield i, {str(k).lower(): v for k, v in rec.items()}
+    for i, rec in iter_jsonl(path, error=InputError):
+        yield i, {str(k).lower(): v for k, v in rec.items()}
 
 
 def _parse_label(value: Any, where: str) -> int:
