@@ -33,6 +33,9 @@ def main() -> None:
     questions = [json.loads(line)["question"] for line in (root / "data/demo/questions.jsonl").open()]
     questions = [q for q in questions if q.isascii()][: args.questions]
     retriever = open_retriever(RetrievalConfig())
+    # warm-up: load the model and the embedder before any timing
+    warm = load_config(root / "configs/cpu.yaml", decider={"name": "always"}, controller={"max_rounds": 1})
+    build_controller(warm, load_generator(), retriever).run(questions[0])
     totals = {}
     for name, (context, use_cache) in WAYS.items():
         config = load_config(root / "configs/cpu.yaml", decider={"name": "always"},

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from rigkit.config import ContextConfig
 from rigkit.markers import neutralize_markers
 from rigkit.prompt import Piece
-from rigkit.prompts import QUESTION_WITH_PASSAGES, detect_language, render_passages, system_prompt
+from rigkit.prompts import (
+    CONTINUE_INSTRUCTION,
+    QUESTION_WITH_PASSAGES,
+    START_INSTRUCTION,
+    detect_language,
+    render_passages,
+    system_prompt,
+)
 from rigkit.trace import Hit, Injection, Segment, TokenBudget
 
 __all__ = ["ContextManager", "fingerprint", "near_duplicate"]
@@ -50,6 +57,7 @@ class _Block:
     """One injection in the append layout: the passages that are still in context."""
 
     hits: list[Hit] = field(default_factory=list)
+    instruction: str = ""  # fixed when injected, so the block renders the same every round
 
 
 class ContextManager:
@@ -93,7 +101,7 @@ class ContextManager:
         if self.config.layout == "prefix":
             self._initial.extend(admitted)
         elif admitted:
-            self._events.append(_Block(admitted))
+            self._events.append(_Block(admitted, self._instruction()))
         self._evict_over_budget(injection, keep={h.chunk_id for h in admitted})
         injection.added = [h.chunk_id for h in admitted if h.chunk_id in self._fingerprints]
         injection.tokens_added = sum(self.count_tokens(h.text) for h in admitted if h.chunk_id in injection.added)
@@ -107,7 +115,7 @@ class ContextManager:
             if isinstance(event, Segment):
                 pieces.append(Piece(event.text, tuple(event.token_ids), role="draft"))
             elif event.hits:
-                pieces.append(Piece(self._block_text(event.hits), role="passages"))
+                pieces.append(Piece(self._block_text(event.hits, event.instruction), role="passages"))
         return pieces
 
     @property
@@ -152,18 +160,22 @@ class ContextManager:
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         user = self.question
         if self._initial:
-            rendered = render_passages(self._triples(self._initial), self.language, continuing=False)
+            rendered = render_passages(self._triples(self._initial), self.language)
             user = rendered + "\n\n" + QUESTION_WITH_PASSAGES[self.language].format(question=self.question)
         messages.append({"role": "user", "content": user})
         return self.render_chat(messages, True)
 
-    def _block_text(self, hits: list[Hit]) -> str:
+    def _instruction(self) -> str:
+        template = CONTINUE_INSTRUCTION if self.draft.strip() else START_INSTRUCTION
+        return template[self.language].format(question=self.question)
+
+    def _block_text(self, hits: list[Hit], instruction: str) -> str:
         """Close the assistant turn, add the passages as a user message, reopen the assistant."""
         base = [{"role": "user", "content": "q"}]
         before = self.render_chat(base + [{"role": "assistant", "content": _SENTINEL}], False)
         after = self.render_chat(
             base + [{"role": "assistant", "content": _SENTINEL},
-                    {"role": "user", "content": render_passages(self._triples(hits), self.language, True)}],
+                    {"role": "user", "content": render_passages(self._triples(hits), self.language, instruction)}],
             True,
         )
         cut = after.index(_SENTINEL) + len(_SENTINEL)

@@ -50,6 +50,7 @@ class _Run:
     generated: int = 0
     low_confidence: bool = False
     pending: Segment | None = None  # the flagged segment of the last "regenerate"
+    done: bool = False  # the answer is complete (a restored segment had ended the turn)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -107,6 +108,8 @@ class RIGController:
                 if hasattr(callback, "on_round_end"):
                     callback.on_round_end(trace)
             yield trace
+            if run.done:
+                break
             if trace.action in ("regenerate", "restore"):
                 continue
             if trace.segment.finished or not trace.segment.token_ids:
@@ -143,6 +146,7 @@ class RIGController:
             # sentence, keep the flagged one and let the model go on from it.
             self.context.accept(run.pending)
             run.generated += len(run.pending.token_ids)
+            run.done = run.pending.finished
             trace.action = "restore"
         elif not decision.retrieve:
             self.context.accept(segment)

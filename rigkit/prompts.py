@@ -12,6 +12,7 @@ __all__ = [
     "SYSTEM_PROMPT",
     "MARKER_SYSTEM_PROMPT",
     "INJECTION_HEADER",
+    "START_INSTRUCTION",
     "CONTINUE_INSTRUCTION",
     "detect_language",
     "system_prompt",
@@ -46,9 +47,12 @@ INJECTION_HEADER = {
     "zh": "检索到的资料。仅把它们当作事实来源：不要照抄其措辞或风格，忽略无关的资料。每段资料以其引用编号开头。",
 }
 
+# After passages injected mid-answer: small models drift into commenting on "the document" unless
+# the question is restated, so both instructions name it.
+START_INSTRUCTION = {"en": "Now answer the question: {question}", "zh": "现在回答问题：{question}"}
 CONTINUE_INSTRUCTION = {
-    "en": "Continue your answer from where you stopped, without repeating it.",
-    "zh": "从你停下的地方继续回答，不要重复已写的内容。",
+    "en": 'Continue your answer to "{question}" from where you stopped, without repeating it.',
+    "zh": "继续回答“{question}”，从你停下的地方接着写，不要重复已写的内容。",
 }
 
 QUESTION_WITH_PASSAGES = {"en": "Question: {question}", "zh": "问题：{question}"}
@@ -75,12 +79,13 @@ def citation_tag(chunk_id: str) -> str:
     return f"[[citation:{chunk_id}]]"
 
 
-def render_passages(passages: list[tuple[str, str, str]], language: str, continuing: bool) -> str:
-    """The passages message: header, one `[[citation:ID]] Title: text` block per passage."""
+def render_passages(passages: list[tuple[str, str, str]], language: str, instruction: str | None = None) -> str:
+    """The passages message: header, one `[[citation:ID]] Title: text` block per passage, then
+    the instruction (when the passages arrive mid-answer)."""
     blocks = [f"{citation_tag(cid)} {title}: {text}" for cid, title, text in passages]
     parts = [INJECTION_HEADER[language], *blocks]
-    if continuing:
-        parts.append(CONTINUE_INSTRUCTION[language])
+    if instruction:
+        parts.append(instruction)
     return "\n\n".join(parts)
 
 

@@ -184,3 +184,12 @@ def test_an_empty_turn_after_regeneration_restores_the_flagged_segment():
     result = controller(gen, FireOnWord("XYZ"), max_rounds=1).run("What does Apache need?")
     assert [r.action for r in result.rounds] == ["regenerate", "restore", "accept"]
     assert result.answer.startswith("Apache needs XYZ. It also needs NOTICE.")
+
+
+def test_restoring_a_finished_segment_ends_the_answer():
+    flagged = make_segment("Stoker wrote XYZ.", finish_reason="end_of_turn")
+    empty = make_segment("", finish_reason="end_of_turn")
+    gen = ScriptedGenerator([flagged, empty, " Never reached."])
+    result = controller(gen, FireOnWord("XYZ")).run("Who wrote Dracula?")
+    assert [r.action for r in result.rounds] == ["regenerate", "restore"]
+    assert "Never reached" not in result.answer
