@@ -37,10 +37,10 @@ def build_controller(
 
         retriever = open_retriever(config.retrieval)
     decider_config = config.decider
-    if uses_markers(config) and "tag" not in decider_config.params:
+    if decider_config.name == "marker" and "tag" not in decider_config.params:
         # one tag for the system prompt, the stop rule and the decider
         params = {**decider_config.params, "tag": config.context.marker_tag}
-        decider_config = dataclasses.replace(decider_config, params=params) if config.decider.name == "marker" else decider_config
+        decider_config = dataclasses.replace(decider_config, params=params)
     decider = build_decider(decider_config, generator)
     return _controller(config, generator, retriever, decider, callbacks, uses_markers(config))
 

@@ -86,8 +86,8 @@ class ContextManager:
         self.system = self.config.system_prompt or system_prompt(self.language, self.marker_tag)
         self.history = self._bounded_history(history)
         self._events: list[Segment | _Block] = []
-        self._initial: list[Hit] = []
         self._fingerprints: dict[str, frozenset[str]] = {}
+        self._rendered_blocks: dict[tuple[tuple[str, ...], str], str] = {}
         self._initial = self._admit(list(passages), Injection())
 
     def accept(self, segment: Segment) -> None:
@@ -170,7 +170,17 @@ class ContextManager:
         return template[self.language].format(question=self.question)
 
     def _block_text(self, hits: list[Hit], instruction: str) -> str:
-        """Close the assistant turn, add the passages as a user message, reopen the assistant."""
+        """Close the assistant turn, add the passages as a user message, reopen the assistant.
+
+        Rendered once per block (and again only if an eviction changes its passages): `pieces()`
+        runs every round.
+        """
+        key = (tuple(h.chunk_id for h in hits), instruction)
+        if key not in self._rendered_blocks:
+            self._rendered_blocks[key] = self._render_block(hits, instruction)
+        return self._rendered_blocks[key]
+
+    def _render_block(self, hits: list[Hit], instruction: str) -> str:
         base = [{"role": "user", "content": "q"}]
         before = self.render_chat(base + [{"role": "assistant", "content": _SENTINEL}], False)
         after = self.render_chat(

@@ -218,12 +218,12 @@ class RIGController:
         if not passages:
             return answer, []
         cited: list[str] = []
-        sentences = re.split(r"(?<=[.!?。！？])\s+", answer)
+        passage_words = [(h, _content_words(h.text)) for h in passages]
         out = []
-        for sentence in sentences:
+        for sentence in re.split(r"(?<=[.!?。！？])\s+", answer):
             words = _content_words(sentence)
-            best = max(passages, key=lambda h: len(words & _content_words(h.text)))
-            if len(words & _content_words(best.text)) >= 2:
+            best, shared = max(((h, len(words & w)) for h, w in passage_words), key=lambda pair: pair[1])
+            if shared >= 2:
                 if best.chunk_id not in cited:
                     cited.append(best.chunk_id)
                 if self.citations:

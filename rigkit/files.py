@@ -12,7 +12,7 @@ from typing import Any
 
 from rigkit.errors import CorpusError, RigkitError
 
-__all__ = ["iter_jsonl", "atomic_write", "atomic_write_text", "write_jsonl_atomic", "default_mode"]
+__all__ = ["cache_root", "iter_jsonl", "atomic_write", "atomic_write_text", "write_jsonl_atomic", "default_mode"]
 
 
 def iter_jsonl(path: str | Path, error: type[RigkitError] = CorpusError) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -32,6 +32,16 @@ def iter_jsonl(path: str | Path, error: type[RigkitError] = CorpusError) -> Iter
         if not isinstance(obj, dict):
             raise error(f"{path}, line {lineno}: expected a JSON object")
         yield lineno, obj
+
+
+def cache_root() -> Path:
+    """Where rigkit keeps converted models and implicit indexes (`$RIGKIT_CACHE_DIR` overrides)."""
+    override = os.environ.get("RIGKIT_CACHE_DIR")
+    if override:
+        return Path(override)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("rigkit"))
 
 
 @contextmanager

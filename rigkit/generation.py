@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rigkit.errors import ModelNotFoundError
+from rigkit.files import cache_root
 from rigkit.prompt import Piece, StopRule
 from rigkit.trace import Segment
 
@@ -305,7 +306,7 @@ class HFGenerator:
         import torch
         from transformers import DynamicCache
 
-        if self._cache is not None and self._cache_ids[: len(prefix)] == prefix and len(self._cache_ids) >= len(prefix):
+        if self._cache is not None and self._cache_ids[: len(prefix)] == prefix:
             cache = copy.deepcopy(self._cache)
             _crop(cache, len(prefix))
             return cache
@@ -399,7 +400,9 @@ def _load_default(dtype: str) -> tuple[Any, Any, str]:
     gguf_dir = _gguf_dir()
     if gguf_dir is not None:
         model, tokenizer = _convert_gguf(gguf_dir, converted)
-        return model.to(getattr(__import__("torch"), dtype)), tokenizer, "gguf-q4_1-dequantised"
+        import torch
+
+        return model.to(getattr(torch, dtype)), tokenizer, "gguf-q4_1-dequantised"
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
         try:
             return (*_from_pretrained(DEFAULT_HUB_ID, dtype), "hub")
@@ -411,10 +414,7 @@ def _load_default(dtype: str) -> tuple[Any, Any, str]:
 
 
 def converted_model_dir() -> Path:
-    from platformdirs import user_cache_dir
-
-    root = os.environ.get("RIGKIT_CACHE_DIR") or user_cache_dir("rigkit")
-    return Path(root) / "models" / "smollm2-135m-instruct-q4_1"
+    return cache_root() / "models" / "smollm2-135m-instruct-q4_1"
 
 
 def _gguf_dir() -> Path | None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 from rigkit.config import RetrievalConfig
 from rigkit.errors import CorpusError, IndexMismatchError
+from rigkit.files import cache_root
 from rigkit.retrieval.index import FORMAT_VERSION, Index, check_manifest, resolve_chunk_size
 from rigkit.textproc import TOKENIZER_VERSION
 
@@ -40,12 +40,7 @@ def demo_corpus_path() -> Path:
 
 
 def cache_dir() -> Path:
-    override = os.environ.get("RIGKIT_CACHE_DIR")
-    if override:
-        return Path(override) / "indexes"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("rigkit")) / "indexes"
+    return cache_root() / "indexes"
 
 
 def _build_params(config: RetrievalConfig) -> dict:
