@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from rigkit.config import ContextConfig
 from rigkit.markers import neutralize_markers
-from rigkit.prompt import Piece
 from rigkit.prompts import (
     CONTINUE_INSTRUCTION,
     QUESTION_WITH_PASSAGES,
@@ -30,6 +29,7 @@ from rigkit.prompts import (
     system_prompt,
 )
 from rigkit.trace import Hit, Injection, Segment, TokenBudget
+from rigkit.transcript import Piece
 
 __all__ = ["ContextManager", "fingerprint", "near_duplicate"]
 

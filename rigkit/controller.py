@@ -20,11 +20,11 @@ from rigkit.deciders.base import Decider, DecisionState
 from rigkit.errors import InputError
 from rigkit.generation import Generator
 from rigkit.markers import strip_markers
-from rigkit.prompt import StopRule
 from rigkit.prompts import citation_tag
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
 from rigkit.trace import Hit, Injection, RIGResult, RoundTrace, Segment
+from rigkit.transcript import StopRule
 
 __all__ = ["RIGController", "RoundCallback"]
 

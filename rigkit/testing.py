@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 
 from rigkit.deciders.baselines import AlwaysRetrieve as AlwaysDecider
 from rigkit.deciders.baselines import NeverRetrieve as NeverDecider
-from rigkit.prompt import Piece, StopRule
 from rigkit.trace import Hit, Segment
+from rigkit.transcript import Piece, StopRule
 
 __all__ = ["ScriptedGenerator", "DictRetriever", "AlwaysDecider", "NeverDecider", "make_segment"]
 

@@ -18,7 +18,7 @@ QUESTION = "Who directed the 1931 Hungarian film Nightfall over Budapest?"
 @pytest.fixture(scope="module")
 def generated():
     from rigkit.generation import load_generator
-    from rigkit.prompt import Piece, StopRule
+    from rigkit.transcript import Piece, StopRule
 
     gen = load_generator()
     gen.reset()

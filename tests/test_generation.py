@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rigkit.generation import find_stop
-from rigkit.prompt import Piece, StopRule
+from rigkit.transcript import Piece, StopRule
 from tests.tiny_model import tiny_generator
 
 

@@ -1,4 +1,4 @@
-"""The prompt as the generator sees it: an append-only list of pieces.
+"""The transcript the generator reads: an append-only list of pieces.
 
 Text pieces (chat-template scaffolding, the question, injected passages) are tokenised by the
 generator; generated pieces keep the model's own token ids, so nothing it wrote is ever
