@@ -3,7 +3,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lab bench strip lint clean
+.PHONY: setup demo test test-fast lab bench bench-quick strip lint clean
 
 # Create .venv and install everything; re-running is a no-op unless pyproject.toml changed.
 setup: $(STAMP)
@@ -25,7 +25,7 @@ demo: setup
 
 # The whole suite: fast tests, then model, notebook and browser tests.
 test: setup
-	$(BIN)/python -m tests.browser_setup
+	$(BIN)/python -m tests.browser_setup --install
 	$(BIN)/python -m pytest -m "" -q
 
 test-fast: setup
@@ -34,9 +34,25 @@ test-fast: setup
 lab: setup
 	$(BIN)/jupyter lab notebooks/
 
+# The benchmark suite (README "Performance"): every script in full mode, then the table.
+# retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.
+BENCH := retrieval cache overhead latency stages startup
+
+# The server load test, the DRAGIN attention pass and the device check print their own figures.
 bench: setup
-	$(BIN)/python bench/retrieval.py
-	$(BIN)/python bench/cache.py
+	for script in $(BENCH); do $(BIN)/python bench/$$script.py || exit 1; done
+	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/attention_cache.py
+	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct
+	$(BIN)/python bench/report.py
+
+# Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's six.
+bench-quick: setup
+	for script in $(BENCH); do $(BIN)/python bench/$$script.py --quick || exit 1; done
+	$(BIN)/python bench/serve.py --quick
+	$(BIN)/python bench/attention_cache.py --trials 1
+	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct --quick
+	$(BIN)/python bench/report.py --quick
 
 strip: setup
 	$(BIN)/nbstripout notebooks/*.ipynb

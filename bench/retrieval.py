@@ -1,16 +1,20 @@
-"""Retrieval benchmark: bm25s vs rank-bm25, faiss exact vs approximate, build time split.
+"""Retrieval benchmark: bm25s vs rank-bm25, faiss exact vs approximate, hybrid latency, build split.
 
 One run on 50,000 distinct chunks of real text: windows of 1-3 consecutive sentences, then
 overlapping 20-word windows, of every paragraph in data/2wikimultihopqa and data/musique
 (replicated documents would give duplicate vectors and a meaningless approximate recall).
-Queries are the two sets' real questions. Prints each measurement and the ratios side by side.
+Queries are the two sets' real questions. Prints each measurement and the ratios side by side:
+BM25 backends, faiss flat / HNSW / IVF, a hybrid (BM25 + dense, RRF) query with and without the
+query vector cached, and the build time split (embedding vs everything else).
 Embedding 50k chunks is the slow part (minutes on an idle 2-core machine, far more on a busy
 one), so it runs in cached slices under a time budget: the dense figures use the chunks embedded
-so far and say how many; a rerun continues where the last one stopped.
+so far and say how many; a rerun continues where the last one stopped. The embedding rate is
+measured afresh in every run on a sample, so the build split does not depend on when the cached
+slices were made. The full run also saves the 50k-chunk index that bench/startup.py loads.
 
     .venv/bin/python bench/retrieval.py                  # <= ~10 min per run
     .venv/bin/python bench/retrieval.py --embed-budget 0 # embed everything, however long
-    .venv/bin/python bench/retrieval.py --chunks 5000    # a quick look
+    .venv/bin/python bench/retrieval.py --quick          # 2,000 chunks
 """
 
 from __future__ import annotations
@@ -25,15 +29,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import ROOT, out_dir, parser, save  # (also puts the source tree on sys.path)
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from rigkit.corpus import Chunk  # noqa: E402
-from rigkit.retrieval.bm25 import BM25Retriever  # noqa: E402
-from rigkit.retrieval.dense import build_faiss_index, embed_texts  # noqa: E402
-from rigkit.retrieval.ranking import top_indices  # noqa: E402
-from rigkit.textproc import tokenize_many  # noqa: E402
+from rigkit.corpus import Chunk
+from rigkit.retrieval.bm25 import BM25Retriever
+from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
+from rigkit.retrieval.hybrid import HybridRetriever
+from rigkit.retrieval.ranking import top_indices
+from rigkit.retrieval.tokenize import tokenize_many
 
 SETS = ("2wikimultihopqa", "musique")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"(])")
@@ -93,7 +96,7 @@ def latency(fn, items) -> float:
     return statistics.median(times)
 
 
-def bench_bm25(chunks, queries, n_slow: int) -> dict:
+def bench_bm25(chunks, queries, n_slow: int) -> tuple[dict, BM25Retriever]:
     tokens, t_tok = timed(tokenize_many, [c.index_text for c in chunks])
     fast, t_fast = timed(BM25Retriever.build, chunks, "bm25s", "lucene", 1.5, 0.75, tokens)
     ref, t_ref = timed(BM25Retriever.build, chunks, "rank_bm25", "lucene", 1.5, 0.75, tokens)
@@ -114,7 +117,7 @@ def bench_bm25(chunks, queries, n_slow: int) -> dict:
         "rank_bm25_query_ms": lat_ref * 1e3,
         "top10_identical_share": float(agree),
         "rank_bm25_queries": len(sample),
-    }
+    }, fast
 
 
 def cached_embeddings(
@@ -150,16 +153,27 @@ def cached_embeddings(
     return np.concatenate(parts), seconds
 
 
-def bench_dense(chunks, queries, embedder, batch_size: int, cache: Path, budget_s: float) -> dict:
+def bench_dense(chunks, queries, embedder, batch_size: int, cache: Path, budget_s: float,
+                rate_sample: int) -> tuple[dict, np.ndarray]:
     vectors, t_embed = cached_embeddings(chunks, embedder, batch_size, cache, budget_s)
     qvecs = embed_texts(embedder, queries, batch_size)
     print(f"dense part on {len(vectors):,} of {len(chunks):,} chunks", flush=True)
     out = {
         "chunks": len(vectors),
-        "embedding_s": t_embed,
-        "chunks_per_s": len(vectors) / t_embed,
+        "embedding_s_cached_slices": t_embed,
         "dimension": int(vectors.shape[1]),
     }
+    # The rate measured now, on a sample, so the build split does not depend on the load the
+    # machine had when the cached slices were made.
+    sample = [c.index_text for c in chunks[-rate_sample:]] if rate_sample else []
+    if sample:
+        _, took = timed(embed_texts, embedder, sample, batch_size)
+        out["chunks_per_s"] = len(sample) / took
+        out["rate_sample"] = len(sample)
+    else:
+        out["chunks_per_s"] = len(vectors) / t_embed
+        out["rate_sample"] = 0
+    out["embedding_s"] = len(chunks) / out["chunks_per_s"]
     exact_ids = None
     for kind in ("flat", "hnsw", "ivf"):
         index, t_build = timed(build_faiss_index, vectors, kind)
@@ -171,40 +185,126 @@ def bench_dense(chunks, queries, embedder, batch_size: int, cache: Path, budget_
         out[kind] = {"build_s": t_build, "query_ms": lat * 1e3, "recall@10_vs_exact": float(recall)}
     # Sanity: flat search equals a plain matrix product top-10.
     assert list(top_indices(vectors @ qvecs[0], 10)) == list(exact_ids[0])
-    return out
+    return out, vectors
+
+
+def bench_hybrid(chunks, vectors, bm25: BM25Retriever, embedder, queries, n_queries: int) -> dict:
+    """A hybrid query (BM25 + dense, RRF, top 3) on the chunks embedded so far: first with every
+    query new (its vector is computed), then the same queries again (vectors served from the
+    retriever's query cache), and the embedding of one query alone."""
+    chunks = chunks[: len(vectors)]
+    if len(chunks) < len(bm25.chunks):  # a budget-limited run: BM25 over the same chunks
+        bm25 = BM25Retriever.build(chunks, "bm25s", "lucene", 1.5, 0.75, tokenize_many(c.index_text for c in chunks))
+    dense = DenseRetriever(chunks, build_faiss_index(vectors, "flat"), "all-MiniLM-L6-v2", embedder)
+    hybrid = HybridRetriever({"bm25": bm25, "dense": dense})
+    sample = list(dict.fromkeys(queries))[:n_queries]
+    hybrid.search(sample[0], 3)  # warm-up: the full score matrix for exact ranks, lazy imports
+    fresh = [q + " ?" for q in sample]  # never seen by the warm-up or the query cache
+    miss = latency(lambda q: hybrid.search(q, 3), fresh)
+    hit = latency(lambda q: hybrid.search(q, 3), fresh)
+    encode = latency(lambda q: embed_texts(embedder, [q]), sample)
+    dense_only = latency(lambda q: dense.search(q, 3), [q + " !" for q in sample])
+    bm25_only = latency(lambda q: bm25.search(q, 3), sample)
+    return {
+        "chunks": len(chunks), "queries": len(sample),
+        "hybrid_query_ms": miss * 1e3, "hybrid_query_cached_vector_ms": hit * 1e3,
+        "query_embedding_ms": encode * 1e3, "dense_query_ms": dense_only * 1e3,
+        "bm25_query_ms": bm25_only * 1e3,
+    }
+
+
+def cached_chunk_count(chunks, cache: Path | None = None) -> int:
+    """How many of `chunks`, from the start, have cached vectors (whole slices of 2,000)."""
+    cache = cache or _default_cache()
+    done = 0
+    for start in range(0, len(chunks), 2000):
+        texts = [c.index_text for c in chunks[start : start + 2000]]
+        key = hashlib.sha1("\n".join(texts).encode()).hexdigest()[:16]
+        if not ((cache / f"{key}.npy").exists() and (cache / f"{key}.json").exists()):
+            break
+        done += len(texts)
+    return done
+
+
+def bench_index_path(n_chunks: int) -> Path:
+    """Where the benchmark index of `n_chunks` window chunks is kept (user cache folder)."""
+    from rigkit.files import cache_root
+
+    return cache_root() / f"bench-index-{n_chunks}"
+
+
+class _KnownVectors:
+    """An `encode` that returns vectors computed earlier, looked up by text (builds an index from
+    the cached slices without embedding 50k chunks again)."""
+
+    def __init__(self, texts: list[str], vectors: np.ndarray):
+        self.rows = {t: i for i, t in enumerate(texts)}
+        self.vectors = vectors
+
+    def encode(self, texts, **kwargs):
+        try:
+            return self.vectors[[self.rows[t] for t in texts]]
+        except KeyError as err:
+            raise ValueError(f"no cached vector for chunk text {str(err)[:60]}...") from None
+
+
+def ensure_bench_index(n_chunks: int, path: Path, cache: Path | None = None, batch_size: int = 128) -> Path:
+    """The `n_chunks` window chunks saved as an ordinary rigkit index at `path` (built once, from
+    the cached vectors; missing slices are embedded first)."""
+    import tempfile
+
+    from rigkit.embeddings import load_embedder
+    from rigkit.retrieval import Index
+
+    chunks = window_chunks(n_chunks)
+    manifest = path / "manifest.json"
+    if manifest.exists() and json.loads(manifest.read_text())["chunks"] == len(chunks):
+        return path
+    vectors, _ = cached_embeddings(chunks, load_embedder("all-MiniLM-L6-v2"), batch_size,
+                                   cache or _default_cache(), 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "windows.jsonl"
+        with open(corpus, "w", encoding="utf-8") as fh:
+            for c in chunks:
+                fh.write(json.dumps({"id": c.chunk_id, "title": c.title, "text": c.text}) + "\n")
+        Index.build(corpus, path, split=False, embedder=_KnownVectors([c.index_text for c in chunks], vectors))
+    print(f"saved the {len(chunks):,}-chunk benchmark index in {path}", flush=True)
+    return path
+
+
+def _default_cache() -> Path:
+    from rigkit.files import cache_root
+
+    return cache_root() / "bench-embeddings"
 
 
 def parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--chunks", type=int, default=50_000)
-    parser.add_argument(
-        "--slow-queries", type=int, default=60, help="queries timed on rank-bm25 (slow)"
-    )
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch/faiss threads (2 thrash on a shared 2-core box)",
-    )
-    parser.add_argument(
-        "--embed-budget",
-        type=float,
-        default=420,
-        help="seconds of new embedding per run (0: no limit); slices are cached, so rerun to continue",
-    )
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument(
-        "--cache",
-        type=Path,
-        default=None,
-        help="embedding slices kept here so a stopped run resumes (default: user cache)",
-    )
-    return parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--chunks", type=int, default=None, help="chunks (full: 50,000; quick: 2,000)")
+    p.add_argument("--slow-queries", type=int, default=None,
+                   help="queries timed on rank-bm25, which is slow (full: 60; quick: 20)")
+    p.add_argument("--hybrid-queries", type=int, default=None, help="queries timed on the hybrid (full: 200; quick: 30)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--embed-budget", type=float, default=420,
+                   help="seconds of new embedding per run (0: no limit); slices are cached, so rerun to continue")
+    p.add_argument("--rate-sample", type=int, default=None,
+                   help="chunks embedded afresh to measure the embedding rate (full: 1,000; quick: 200)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="embedding slices kept here so a stopped run resumes (default: user cache)")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.chunks = args.chunks or (2000 if quick else 50_000)
+    args.slow_queries = args.slow_queries or (20 if quick else 60)
+    args.hybrid_queries = args.hybrid_queries or (30 if quick else 200)
+    args.threads = args.threads or 1  # torch and faiss; 2 thrash on a shared 2-core box
+    args.rate_sample = args.rate_sample if args.rate_sample is not None else (200 if quick else 1000)
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    started = time.perf_counter()
     import faiss
     import torch
 
@@ -219,7 +319,7 @@ def main(argv=None) -> int:
         f"{len(queries)} real questions as queries; {args.threads} threads",
         flush=True,
     )
-    bm25 = bench_bm25(chunks, queries, args.slow_queries)
+    bm25, fast = bench_bm25(chunks, queries, args.slow_queries)
     print(
         f"bm25s     : index {bm25['bm25s_index_s']:.1f} s, query {bm25['bm25s_query_ms']:.2f} ms (median)"
     )
@@ -228,54 +328,56 @@ def main(argv=None) -> int:
         f"(median of {bm25['rank_bm25_queries']}); identical top-10 on {bm25['top10_identical_share']:.0%}",
         flush=True,
     )
-    if args.cache is None:
-        from platformdirs import user_cache_dir
-
-        args.cache = Path(user_cache_dir("rigkit")) / "bench-embeddings"
-    dense = bench_dense(
-        chunks,
-        queries,
-        load_embedder("all-MiniLM-L6-v2"),
-        args.batch_size,
-        args.cache,
-        args.embed_budget,
-    )
-    ratios = report(len(chunks), bm25, dense)
+    args.cache = args.cache or _default_cache()
+    embedder = load_embedder("all-MiniLM-L6-v2")
+    dense, vectors = bench_dense(chunks, queries, embedder, args.batch_size, args.cache,
+                                 args.embed_budget, args.rate_sample)
+    hybrid = bench_hybrid(chunks, vectors, fast, embedder, queries, args.hybrid_queries)
+    ratios = report(len(chunks), bm25, dense, hybrid)
+    figures = {"chunks": len(chunks), "threads": args.threads, "bm25": bm25, "dense": dense,
+               "hybrid": hybrid, "ratios": ratios}
+    if len(vectors) == len(chunks):  # everything embedded: save the index bench/startup.py loads
+        figures["index_path"] = str(ensure_bench_index(len(chunks), bench_index_path(len(chunks)), args.cache))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"chunks": len(chunks), "bm25": bm25, "dense": dense, "ratios": ratios}, indent=1
-            )
-        )
+        args.json.write_text(json.dumps(figures, indent=1))
+    out_dir(args)
+    save(args, "retrieval", figures, started)
     return 0
 
 
-def report(n_chunks: int, bm25: dict, dense: dict) -> dict[str, float]:
-    """Print the dense figures, the build-time split and the ratios; return the ratios."""
+def report(n_chunks: int, bm25: dict, dense: dict, hybrid: dict) -> dict[str, float]:
+    """Print the dense and hybrid figures, the build-time split and the ratios; return the ratios."""
     for kind in ("flat", "hnsw", "ivf"):
         d = dense[kind]
         print(
             f"faiss {kind:<4}: build {d['build_s']:.2f} s, query {d['query_ms']:.3f} ms, recall@10 vs exact {d['recall@10_vs_exact']:.3f}"
         )
-    indexing = bm25["tokenize_s"] + bm25["bm25s_index_s"] + dense["flat"]["build_s"]
-    # A budget-limited run embedded only part of the corpus: project its time to all chunks.
-    embedding = dense["embedding_s"] * n_chunks / dense["chunks"]
-    projected = " (projected from the chunks embedded)" if dense["chunks"] < n_chunks else ""
     print(
-        f"build     : embedding {embedding:.0f} s{projected} at {dense['chunks_per_s']:.0f} chunks/s "
+        f"hybrid    : {hybrid['hybrid_query_ms']:.1f} ms per query (top 3 of BM25 + dense, RRF, {hybrid['chunks']:,} chunks; "
+        f"query vector new), {hybrid['hybrid_query_cached_vector_ms']:.1f} ms with the query vector cached; "
+        f"embedding one query {hybrid['query_embedding_ms']:.1f} ms, dense search {hybrid['dense_query_ms']:.1f} ms, "
+        f"BM25 search {hybrid['bm25_query_ms']:.1f} ms"
+    )
+    indexing = bm25["tokenize_s"] + bm25["bm25s_index_s"] + dense["flat"]["build_s"]
+    embedding = dense["embedding_s"]
+    basis = (f"rate measured on {dense['rate_sample']:,} chunks now" if dense["rate_sample"]
+             else "rate of the cached slices")
+    print(
+        f"build     : embedding {embedding:.0f} s at {dense['chunks_per_s']:.0f} chunks/s ({basis}) "
         f"vs indexing {indexing:.1f} s (BM25 tokens + bm25s + faiss flat), {n_chunks:,} chunks"
     )
     ratios = {
         "rank_bm25 / bm25s query latency": bm25["rank_bm25_query_ms"] / bm25["bm25s_query_ms"],
         "faiss flat / hnsw query latency": dense["flat"]["query_ms"] / dense["hnsw"]["query_ms"],
         "faiss flat / ivf query latency": dense["flat"]["query_ms"] / dense["ivf"]["query_ms"],
+        "hybrid query: new / cached query vector": hybrid["hybrid_query_ms"] / hybrid["hybrid_query_cached_vector_ms"],
         "embedding / indexing build time": embedding / indexing,
     }
     print("ratios:")
     for name, value in ratios.items():
-        print(f"  {name:<34} {value:8.1f}x")
-    print(f"  hnsw recall@10 vs exact            {dense['hnsw']['recall@10_vs_exact']:8.3f}")
-    print(f"  ivf  recall@10 vs exact            {dense['ivf']['recall@10_vs_exact']:8.3f}")
+        print(f"  {name:<40} {value:8.1f}x")
+    print(f"  hnsw recall@10 vs exact                  {dense['hnsw']['recall@10_vs_exact']:8.3f}")
+    print(f"  ivf  recall@10 vs exact                  {dense['ivf']['recall@10_vs_exact']:8.3f}")
     return ratios
 
 

@@ -1,4 +1,8 @@
-"""Assemble a run from its config: one explicit registry per extension point, no sniffing."""
+"""Assemble a run from its config: one explicit registry per extension point, no sniffing.
+
+`build` only puts parts together; the systems an evaluation compares (closed book, plain RAG,
+RIG) are defined in `rigkit.eval.systems`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from rigkit.config import RunConfig
+from rigkit.config import DeciderConfig, RunConfig
 from rigkit.context import ContextManager
 from rigkit.controller import RIGController
+from rigkit.deciders import Decider
 from rigkit.generation import Generator
+from rigkit.markers import MarkerProtocol, resolve_protocol
 from rigkit.retrieval.base import Retriever
-from rigkit.testing import DictRetriever, NeverDecider
-from rigkit.trace import Hit, RIGResult
 
-__all__ = ["build_controller", "answer_closed_book", "answer_with_passages", "context_limit"]
+__all__ = ["build_controller", "build_decider", "assemble", "uses_markers", "context_limit"]
 
 
 def build_controller(
@@ -24,39 +28,45 @@ def build_controller(
     callbacks: Sequence[Any] = (),
 ) -> RIGController:
     """A controller with every part built from `config`; pass parts to share them across runs."""
-    from rigkit.deciders import build_decider
-
     config = config or RunConfig()
     if generator is None:
-        from rigkit.generation import load_generator
+        from rigkit.generation import generator_from_config
 
-        g = config.generator
-        generator = load_generator(g.model, use_cache=g.use_cache, temperature=g.temperature, top_p=g.top_p, dtype=g.dtype)
+        generator = generator_from_config(config.generator)
     if retriever is None:
         from rigkit.retrieval import open_retriever
 
         retriever = open_retriever(config.retrieval)
-    decider_config = config.decider
-    if decider_config.name == "marker" and "tag" not in decider_config.params:
-        # one tag for the system prompt, the stop rule and the decider
-        params = {**decider_config.params, "tag": config.context.marker_tag}
-        decider_config = dataclasses.replace(decider_config, params=params)
+    # one marker protocol for the system prompt, the stop rule, the passages and the decider
+    protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
+    decider_config = _with_protocol(config.decider, protocol)
+    from rigkit.generation import check_decider_support
+
+    check_decider_support(decider_config, generator)
     decider = build_decider(decider_config, generator)
-    return _controller(config, generator, retriever, decider, callbacks, uses_markers(config))
+    return assemble(config, generator, retriever, decider, callbacks, uses_markers(config))
 
 
-def answer_closed_book(generator: Generator, question: str, config: RunConfig | None = None) -> RIGResult:
-    """The model alone: no retrieval at all."""
-    config = config or RunConfig()
-    return _controller(config, generator, DictRetriever({}), NeverDecider(), (), False).run(question)
+def build_decider(config: DeciderConfig, generator: Generator | None = None) -> Decider:
+    """`rigkit.deciders.build_decider`, with trained trigger files (`trigger_model`) loaded."""
+    from rigkit.deciders import build_decider as from_registry
+
+    def load(path: str, embedder: Any | None = None):
+        from rigkit.trigger.model import load_trigger
+
+        return load_trigger(path, embedder=embedder)
+
+    return from_registry(config, generator, load_trigger=load)
 
 
-def answer_with_passages(
-    generator: Generator, question: str, hits: Sequence[Hit], config: RunConfig | None = None
-) -> RIGResult:
-    """Plain RAG (or gold passages): the passages go before the question, one generation."""
-    config = config or RunConfig()
-    return _controller(config, generator, DictRetriever({}), NeverDecider(), (), False).run(question, passages=hits)
+def _with_protocol(config: DeciderConfig, protocol: MarkerProtocol) -> DeciderConfig:
+    """`config` with the run's marker protocol given to every marker decider in it that names
+    neither a tag nor a protocol of its own."""
+    members = tuple(_with_protocol(m, protocol) for m in config.members)
+    params = config.params
+    if config.name == "marker" and not {"tag", "protocol"} & set(params):
+        params = {**params, "protocol": protocol}
+    return dataclasses.replace(config, params=params, members=members)
 
 
 def uses_markers(config: RunConfig) -> bool:
@@ -71,9 +81,15 @@ def context_limit(generator: Generator) -> int:
     return int(getattr(model_config, "max_position_embeddings", 4096) or 4096)
 
 
-def _controller(
-    config: RunConfig, generator: Generator, retriever: Retriever, decider: Any, callbacks: Sequence[Any], markers: bool
+def assemble(
+    config: RunConfig,
+    generator: Generator,
+    retriever: Retriever,
+    decider: Decider,
+    callbacks: Sequence[Any] = (),
+    markers: bool = False,
 ) -> RIGController:
+    """A controller from ready parts; context and query builder come from `config`."""
     from rigkit.queries import build_query_builder
 
     context = ContextManager(

@@ -43,7 +43,20 @@ class GeneratorConfig:
     top_p: float = 1.0
     seed: int = 0
     use_cache: bool = True  # reuse the KV cache across rounds
-    dtype: str = "float32"
+    backend: str = "hf"  # hf (in-process transformers) | openai (an OpenAI-compatible server)
+    # in-process placement (backend hf)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (auto: cuda, then mps, then cpu)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: float32 on cpu, bf16 on cuda)
+    device_map: str | None = None  # e.g. "auto" to shard a model larger than one GPU
+    attn_implementation: str = "sdpa"  # eager is switched on only for the attention pass
+    trust_remote_code: bool = False  # run a hub model's own Python code (only if you trust it)
+    # served model (backend openai)
+    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1
+    api_key_env: str | None = None  # name of the environment variable holding the API key
+    tokenizer: str | None = None  # the served model's tokenizer (name or path); None = model
+    top_logprobs: int = 20  # top-k log-probabilities per token (vLLM caps at --max-logprobs)
+    request_timeout: float = 120.0  # seconds per request
+    max_retries: int = 4  # on connection errors, 429 and 503, with exponential backoff
 
 
 @dataclass(frozen=True)
@@ -96,14 +109,15 @@ class ContextConfig:
     max_history_tokens: int = 2048
     language: str = "auto"  # auto | en | zh (injection template language)
     citations: bool = True  # render [[citation:ID]] in the answer
-    marker_tag: str = "retrieve"
+    marker_tag: str = "retrieve"  # shorthand: a custom <tag> for the openrig protocol
+    marker_protocol: str = "openrig"  # openrig | search-r1 | r1-searcher | self-rag | a .yaml/.json file
     system_prompt: str | None = None  # None = the built-in prompt for the decider
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
     max_rounds: int = 3  # retrieval rounds; then the answer is finished from context
-    policy: str = "auto"  # auto | continue | regenerate (auto: continue for marker, else regenerate)
+    policy: str = "auto"  # auto | continue | regenerate (auto: the policy the decider declares)
 
 
 @dataclass(frozen=True)
@@ -126,11 +140,20 @@ class RunConfig:
         return _from_plain(cls, data, "config")
 
     @classmethod
-    def from_yaml(cls, text: str) -> RunConfig:
-        data = yaml.safe_load(text) or {}
+    def from_yaml(cls, text: str, source: str = "config") -> RunConfig:
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{source}, line {mark.line + 1}" if mark is not None else source
+            problem = getattr(err, "problem", None) or "not valid YAML"
+            raise ConfigError(f"{where}: malformed YAML ({problem})") from None
         if not isinstance(data, dict):
-            raise ConfigError("a run config must be a mapping of sections")
-        return cls.from_dict(data)
+            raise ConfigError(f"{source}: a run config must be a mapping of sections")
+        try:
+            return _from_plain(cls, data, "config")
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {str(err).removeprefix('config.')}") from None
 
     def override(self, **sections: dict[str, Any]) -> RunConfig:
         """A copy with some fields replaced: `cfg.override(decider={"name": "entropy"})`."""
@@ -149,7 +172,11 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"config file not found: {path}")
-        config = RunConfig.from_yaml(path.read_text(encoding="utf-8"))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: cannot read the config file ({err})") from None
+        config = RunConfig.from_yaml(text, str(path))
     return config.override(**overrides) if overrides else config
 
 
@@ -176,7 +203,16 @@ def _from_plain(cls: type, data: Any, where: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         kwargs[key] = _coerce(hints[key], value, f"{where}.{key}")
+        low = _MINIMUMS.get(key)
+        if low is not None and isinstance(kwargs[key], (int, float)) and kwargs[key] < low:
+            raise ConfigError(f"{where}.{key}: must be at least {low}, got {kwargs[key]!r}")
     return cls(**kwargs)
+
+
+# Counts that make no sense below a bound (a negative max_rounds would loop on no budget).
+_MINIMUMS = {"max_rounds": 0, "top_k": 1, "max_answer_tokens": 1, "max_segment_tokens": 1,
+             "max_retrieval_tokens": 0, "max_passage_tokens": 1, "max_history_tokens": 0,
+             "overlap": 0, "bm25_top_k": 1, "dense_top_k": 1, "rrf_k": 0}
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
@@ -190,8 +226,20 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(inner[0], value, where) if len(inner) == 1 else value
     if origin is tuple:
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {_shown(value)}")
         items = list(value or [])
         return tuple(_coerce(args[0], v, where) for v in items) if args else tuple(items)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint)
+    if origin is dict or hint is dict:
+        expected = "a mapping"
+        hint = dict
+    if expected and (not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
+        raise ConfigError(f"{where}: expected {expected}, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"

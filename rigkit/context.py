@@ -6,10 +6,20 @@ Layouts:
   block that held the evicted passage and the cache re-fills from there.
 - `prefix`: the passages are rebuilt in front of the question every round, as FLARE and DRAGIN
   do; only the system prompt can be reused.
+With an inline marker protocol (Search-R1 `<information>`, R1-Searcher, Self-RAG) a block of
+passages goes inside the open assistant turn, between the protocol's result tags, instead of in a
+user message of its own: still appended, so the KV cache is reused the same way.
 
 Passages are de-duplicated by chunk id and by a content fingerprint, capped per passage, kept
 within `max_retrieval_tokens` (evicting those least related to the draft), and sanitised so that
 no passage can open or close a retrieval marker.
+
+Budgets are the same for every system: `max_retrieval_tokens` bounds the tokens the passages
+occupy as the model reads them (citation ids, titles, texts, the header and turn tokens of their
+message), whether they came up front (plain RAG: the lowest-ranked are dropped first) or were
+injected mid-answer. A passage cut to `max_passage_tokens` is listed in `Injection.truncated`.
+`fit` keeps system + question + passages + draft + the next segment within the model's context
+by evicting injected passages, and refuses with an `InputError` when that is not enough.
 """
 
 from __future__ import annotations
@@ -19,17 +29,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rigkit.config import ContextConfig
-from rigkit.markers import neutralize_markers
+from rigkit.errors import InputError
+from rigkit.markers import (
+    MarkerProtocol,
+    format_passages,
+    neutralize_markers,
+    render_results,
+    resolve_protocol,
+)
 from rigkit.prompts import (
     CONTINUE_INSTRUCTION,
     QUESTION_WITH_PASSAGES,
     START_INSTRUCTION,
-    detect_language,
     render_passages,
     system_prompt,
 )
+from rigkit.text import detect_language, neutralize_citations
 from rigkit.trace import Hit, Injection, Segment, TokenBudget
-from rigkit.transcript import Piece
+from rigkit.transcript import Piece, plain_spans
 
 __all__ = ["ContextManager", "fingerprint", "near_duplicate"]
 
@@ -70,12 +87,16 @@ class ContextManager:
         render_chat: Callable[[list[dict[str, str]], bool], str],
         context_limit: int = 8192,
         use_markers: bool = False,
+        protocol: MarkerProtocol | None = None,
     ):
         self.config = config
         self.count_tokens = count_tokens
         self.render_chat = render_chat
         self.context_limit = context_limit
-        self.marker_tag = config.marker_tag if use_markers else None
+        # the tag vocabulary: passages are neutralised against it always; when the run uses
+        # markers it also sets the system prompt, the stop rule and where passages go
+        self.protocol = protocol or resolve_protocol(config.marker_protocol, config.marker_tag)
+        self.marker_protocol = self.protocol if use_markers else None
         self.start("")
 
     # -- building the context ------------------------------------------------------------------
@@ -83,12 +104,24 @@ class ContextManager:
         """A fresh context for `question`; `passages` go before it (plain RAG)."""
         self.question = question
         self.language = self.config.language if self.config.language != "auto" else detect_language(question)
-        self.system = self.config.system_prompt or system_prompt(self.language, self.marker_tag)
+        self.system = self.config.system_prompt or system_prompt(self.language, self.marker_protocol)
         self.history = self._bounded_history(history)
         self._events: list[Segment | _Block] = []
         self._fingerprints: dict[str, frozenset[str]] = {}
-        self._rendered_blocks: dict[tuple[tuple[str, ...], str], str] = {}
-        self._initial = self._admit(list(passages), Injection())
+        self._seen: dict[str, Hit] = {}  # chunk id -> passage as injected, kept after eviction
+        self._rendered_blocks: dict[tuple[tuple[str, ...], str], Piece] = {}
+        self._token_counts: dict[tuple[tuple[str, ...], str], int] = {}
+        upfront = Injection()
+        self._initial = self._admit(list(passages), upfront)
+        self._upfront_ids = {h.chunk_id for h in self._initial}  # given, not retrieved: never evicted
+        while self._initial and self._passage_tokens() > self.config.max_retrieval_tokens:
+            dropped = self._initial.pop()  # plain RAG keeps the retriever's best-ranked passages
+            self._forget(dropped.chunk_id)
+            upfront.dropped_budget.insert(0, dropped.chunk_id)
+        upfront.added = [h.chunk_id for h in self._initial]
+        upfront.truncated = [c for c in upfront.truncated if c in upfront.added]
+        upfront.tokens_added = self._passage_tokens()
+        self.upfront = upfront  # what became of the up-front passages: kept, over budget, cut
 
     def accept(self, segment: Segment) -> None:
         """Keep a generated segment in the transcript."""
@@ -104,18 +137,42 @@ class ContextManager:
             self._events.append(_Block(admitted, self._instruction()))
         self._evict_over_budget(injection, keep={h.chunk_id for h in admitted})
         injection.added = [h.chunk_id for h in admitted if h.chunk_id in self._fingerprints]
-        injection.tokens_added = sum(self.count_tokens(h.text) for h in admitted if h.chunk_id in injection.added)
+        injection.truncated = [c for c in injection.truncated if c in injection.added]
+        others = {h.chunk_id for h in self.passages} - set(injection.added)
+        injection.tokens_added = self._passage_tokens(exclude=others) if injection.added else 0
         return injection
+
+    def fit(self, reserve: int) -> list[str]:
+        """Make room for `reserve` more tokens (the next segment) within the model's context.
+
+        Evicts injected passages, least related to the draft first, and returns their chunk ids;
+        raises `InputError` when even without them system + question + up-front passages + draft
+        + `reserve` exceed the context (plain RAG cannot drop what it was given)."""
+        evicted: list[str] = []
+        while (used := self.budget().used) + reserve > self.context_limit:
+            pool = [h for h in self.passages if h.chunk_id not in self._upfront_ids]
+            if not pool:
+                b = self.budget()
+                raise InputError(
+                    f"the context does not fit the model: system {b.system} + question {b.question} + "
+                    f"passages {b.passages} + draft {b.draft} + next segment {reserve} = {used + reserve} "
+                    f"tokens > the model's {self.context_limit}; lower max_retrieval_tokens, "
+                    "max_passage_tokens or the answer length"
+                )
+            victim = self._least_related(pool)
+            self._remove(victim.chunk_id)
+            evicted.append(victim.chunk_id)
+        return evicted
 
     # -- what the model sees -------------------------------------------------------------------
     def pieces(self) -> list[Piece]:
         """The prompt for the next segment."""
-        pieces = [Piece(self._head(), role="question")]
+        pieces = [self._head()]
         for event in self._events:
             if isinstance(event, Segment):
                 pieces.append(Piece(event.text, tuple(event.token_ids), role="draft"))
             elif event.hits:
-                pieces.append(Piece(self._block_text(event.hits, event.instruction), role="passages"))
+                pieces.append(self._block_text(event.hits, event.instruction))
         return pieces
 
     @property
@@ -127,25 +184,38 @@ class ContextManager:
     @property
     def draft(self) -> str:
         """The accepted answer text so far (raw: markers included)."""
-        text, after_passages = "", False
+        return "".join(text for text, _ in self.draft_parts())
+
+    def draft_parts(self) -> list[tuple[str, Segment]]:
+        """The draft as (text, accepted segment) pieces, in order; they concatenate to `draft`."""
+        parts: list[tuple[str, Segment]] = []
+        last, after_passages = "", False
         for event in self._events:
             if isinstance(event, _Block):
                 after_passages = True
                 continue
-            if after_passages and text and not text[-1].isspace() and not event.text[:1].isspace():
-                text += " "  # a new assistant turn starts without the space a sentence needs
-            text, after_passages = text + event.text, False
-        return text
+            text = event.text
+            if after_passages and last and not last[-1].isspace() and not text[:1].isspace():
+                text = " " + text  # a new assistant turn starts without the space a sentence needs
+            parts.append((text, event))
+            last, after_passages = (last + text)[-1:], False
+        return parts
+
+    @property
+    def seen_passages(self) -> list[Hit]:
+        """Every passage that has been in context this question, evicted ones included."""
+        return list(self._seen.values())
 
     def budget(self) -> TokenBudget:
+        """Where the prompt's tokens go; the parts add up to its length (see `TokenBudget`)."""
         system = self.count_tokens(self.system)
         question = self.count_tokens(self.question) + sum(self.count_tokens(q + a) for q, a in self.history)
-        passages = sum(self.count_tokens(h.text) for h in self.passages)
+        passages = self._passage_tokens()
         total = sum(len(p.token_ids) if p.token_ids is not None else self.count_tokens(p.text) for p in self.pieces())
         draft = sum(len(e.token_ids) for e in self._events if isinstance(e, Segment))
         scaffold = max(0, total - system - question - passages - draft)
         return TokenBudget(
-            system=system + scaffold,  # template tokens count with the system prompt
+            system=system + scaffold,  # the chat template's own tokens count with the system prompt
             question=question,
             passages=passages,
             draft=draft,
@@ -154,22 +224,28 @@ class ContextManager:
         )
 
     # -- internals -----------------------------------------------------------------------------
-    def _head(self) -> str:
+    def _head(self) -> Piece:
         messages = [{"role": "system", "content": self.system}]
         for q, a in self.history:
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        user = self.question
-        if self._initial:
-            rendered = render_passages(self._triples(self._initial), self.language)
-            user = rendered + "\n\n" + QUESTION_WITH_PASSAGES[self.language].format(question=self.question)
-        messages.append({"role": "user", "content": user})
-        return self.render_chat(messages, True)
+        messages.append({"role": "user", "content": self._user_message(self._initial)})
+        rendered = self.render_chat(messages, True)
+        # The user's and the documents' words are data: tokenised with special tokens off.
+        data = [m["content"] for m in messages[1:] if m["role"] in ("user", "assistant")]
+        return Piece(rendered, role="question", plain=plain_spans(rendered, data))
+
+    def _user_message(self, passages: list[Hit]) -> str:
+        """The question, after the up-front passages when there are any (plain RAG)."""
+        if not passages:
+            return self.question
+        rendered = render_passages(self._triples(passages), self.language)
+        return rendered + "\n\n" + QUESTION_WITH_PASSAGES[self.language].format(question=self.question)
 
     def _instruction(self) -> str:
         template = CONTINUE_INSTRUCTION if self.draft.strip() else START_INSTRUCTION
         return template[self.language].format(question=self.question)
 
-    def _block_text(self, hits: list[Hit], instruction: str) -> str:
+    def _block_text(self, hits: list[Hit], instruction: str) -> Piece:
         """Close the assistant turn, add the passages as a user message, reopen the assistant.
 
         Rendered once per block (and again only if an eviction changes its passages): `pieces()`
@@ -180,22 +256,63 @@ class ContextManager:
             self._rendered_blocks[key] = self._render_block(hits, instruction)
         return self._rendered_blocks[key]
 
-    def _render_block(self, hits: list[Hit], instruction: str) -> str:
+    def _render_block(self, hits: list[Hit], instruction: str) -> Piece:
+        if self.marker_protocol is not None and self.marker_protocol.inline:
+            return self._render_inline(hits)
         base = [{"role": "user", "content": "q"}]
         before = self.render_chat(base + [{"role": "assistant", "content": _SENTINEL}], False)
+        content = render_passages(self._triples(hits), self.language, instruction)
         after = self.render_chat(
-            base + [{"role": "assistant", "content": _SENTINEL},
-                    {"role": "user", "content": render_passages(self._triples(hits), self.language, instruction)}],
+            base + [{"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": content}],
             True,
         )
         cut = after.index(_SENTINEL) + len(_SENTINEL)
         if after[:cut] != before[: before.index(_SENTINEL) + len(_SENTINEL)]:
             raise ValueError("the chat template does not render turns append-only")
-        return after[cut:]
+        text = after[cut:]
+        return Piece(text, role="passages", plain=plain_spans(text, [content]))
+
+    def _render_inline(self, hits: list[Hit]) -> Piece:
+        """Search-R1 / R1-Searcher style: the results go inside the open assistant turn, between
+        the protocol's result tags, and the model goes on writing right after them."""
+        triples = self._triples(hits)
+        text = render_results(self.marker_protocol, triples)
+        return Piece(text, role="passages", plain=plain_spans(text, [format_passages(self.marker_protocol, triples)]))
 
     def _triples(self, hits: list[Hit]) -> list[tuple[str, str, str]]:
-        tag = self.config.marker_tag
-        return [(h.chunk_id, neutralize_markers(h.title, tag), neutralize_markers(h.text, tag)) for h in hits]
+        """(id, title, text) with markers and citation tags defused: passages are data."""
+        p = self.protocol
+
+        def defuse(text: str) -> str:
+            return neutralize_citations(neutralize_markers(text, p))
+
+        return [(h.chunk_id, defuse(h.title), defuse(h.text)) for h in hits]
+
+    def _passage_tokens(self, exclude: set[str] = frozenset()) -> int:
+        """Tokens the passages occupy as rendered (ids, titles, texts, headers, turn tokens);
+        `exclude`: leave these passages out (a block left empty costs nothing)."""
+        total = 0
+        initial = [h for h in self._initial if h.chunk_id not in exclude]
+        if initial:  # what the up-front passages add to the question message (labels included)
+            total += self._count_rendered(initial, "", lambda: self._user_message(initial)) - self.count_tokens(
+                self.question)
+        for event in self._events:
+            hits = [h for h in event.hits if h.chunk_id not in exclude] if isinstance(event, _Block) else []
+            if hits:
+                render = lambda h=hits, i=event.instruction: self._block_text(h, i).text  # noqa: E731
+                total += self._count_rendered(hits, event.instruction, render)
+        return total
+
+    def _count_rendered(self, hits: list[Hit], instruction: str, render: Callable[[], str]) -> int:
+        key = (tuple(h.chunk_id for h in hits), instruction if instruction else "\0head")
+        if key not in self._token_counts:
+            self._token_counts[key] = self.count_tokens(render())
+        return self._token_counts[key]
+
+    def _least_related(self, pool: list[Hit]) -> Hit:
+        """The passage sharing the fewest words with the question and draft (the oldest on ties)."""
+        focus = set(_WORD.findall((self.question + " " + self.draft).lower()))
+        return min(pool, key=lambda h: (len(focus & set(_WORD.findall(h.text.lower()))), -pool.index(h)))
 
     def _admit(self, hits: list[Hit], injection: Injection) -> list[Hit]:
         """New, non-duplicate passages, each capped to `max_passage_tokens`."""
@@ -209,11 +326,15 @@ class ContextManager:
                 continue
             self._fingerprints[hit.chunk_id] = shingles
             admitted.append(self._capped(hit))
+            if admitted[-1] is not hit:
+                injection.truncated.append(hit.chunk_id)
+            self._seen[hit.chunk_id] = admitted[-1]
         return admitted
 
     def _capped(self, hit: Hit) -> Hit:
         limit = self.config.max_passage_tokens
-        if self.count_tokens(hit.text) <= limit:
+        size = self.count_tokens(hit.text)
+        if size <= limit:
             return hit
         words = hit.text.split(" ")
         lo, hi = 0, len(words)
@@ -221,18 +342,24 @@ class ContextManager:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self.count_tokens(" ".join(words[:mid])) <= limit else (lo, mid - 1)
         text = " ".join(words[:lo]) + " …"
-        return Hit(**{**hit.__dict__, "text": text, "metadata": {**hit.metadata, "truncated": True}})
+        metadata = {**hit.metadata, "truncated": True, "original_tokens": size}
+        return Hit(**{**hit.__dict__, "text": text, "metadata": metadata})
 
     def _evict_over_budget(self, injection: Injection, keep: set[str]) -> None:
         """Evict passages least related to the draft until the passages fit the budget."""
         limit = self.config.max_retrieval_tokens
-        while sum(self.count_tokens(h.text) for h in self.passages) > limit:
-            focus = set(_WORD.findall((self.question + " " + self.draft).lower()))
-            old = [h for h in self.passages if h.chunk_id not in keep]
-            pool = old or [h for h in self.passages]
-            victim = min(pool, key=lambda h: (len(focus & set(_WORD.findall(h.text.lower()))), -pool.index(h)))
-            self._remove(victim.chunk_id)
-            (injection.evicted if old else injection.dropped_budget).append(victim.chunk_id)
+        while self.passages and self._passage_tokens() > limit:
+            old = [h for h in self.passages if h.chunk_id not in keep and h.chunk_id not in self._upfront_ids]
+            pool = old or [h for h in self.passages if h.chunk_id in keep]
+            if not pool:
+                break  # only up-front passages are left: they were fitted to the budget at `start`
+            victim = self._least_related(pool)
+            if old:
+                self._remove(victim.chunk_id)
+                injection.evicted.append(victim.chunk_id)
+            else:
+                self._forget(victim.chunk_id)  # never in context: not citable
+                injection.dropped_budget.append(victim.chunk_id)
 
     def _remove(self, chunk_id: str) -> None:
         self._initial = [h for h in self._initial if h.chunk_id != chunk_id]
@@ -240,6 +367,11 @@ class ContextManager:
             if isinstance(event, _Block):
                 event.hits = [h for h in event.hits if h.chunk_id != chunk_id]
         self._fingerprints.pop(chunk_id, None)
+
+    def _forget(self, chunk_id: str) -> None:
+        """Remove a passage that never reached the model (dropped for the budget)."""
+        self._remove(chunk_id)
+        self._seen.pop(chunk_id, None)
 
     def _bounded_history(self, history: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         """The most recent earlier turns that fit `max_history_tokens`."""

@@ -14,15 +14,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rigkit.citations import cite, written_with
 from rigkit.config import ControllerConfig, GeneratorConfig
 from rigkit.context import ContextManager
-from rigkit.deciders.base import Decider, DecisionState
+from rigkit.deciders.base import POLICIES, Decider, DecisionState, decider_policy
 from rigkit.errors import InputError
-from rigkit.generation import Generator
-from rigkit.markers import strip_markers
-from rigkit.prompts import citation_tag
+from rigkit.generation.protocol import Generator, SupportsReset
+from rigkit.markers import clean_answer
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
+from rigkit.text import strip_citations
 from rigkit.trace import Hit, Injection, RIGResult, RoundTrace, Segment
 from rigkit.transcript import StopRule
 
@@ -32,9 +33,15 @@ STAGES = ("generate", "decide", "query", "retrieve", "inject")
 
 
 class RoundCallback(Protocol):
-    """Observers (notebook widgets, loggers) implement either method or both."""
+    """Observers (notebook widgets, loggers) implement any of these methods.
+
+    `on_token` receives each token's text as the model writes it, tentatively: a segment may
+    still be regenerated or trimmed; `rigkit.streaming.TokenStream` turns it into answer text.
+    """
 
     def on_round_start(self, index: int, state: DecisionState) -> None: ...
+
+    def on_token(self, text: str) -> None: ...
 
     def on_round_end(self, round_trace: RoundTrace) -> None: ...
 
@@ -75,12 +82,14 @@ class RIGController:
         self.config = config or ControllerConfig()
         self.generation = generation or GeneratorConfig()
         self.top_k, self.callbacks, self.citations = top_k, list(callbacks), citations
-        self.policy = "regenerate" if self.config.policy == "auto" else self.config.policy
+        # what happens to a segment that fired: the decider declares it, a run may override it
+        if self.config.policy not in ("auto", *POLICIES):
+            raise InputError(f"controller.policy must be auto, {' or '.join(POLICIES)}; got {self.config.policy!r}")
+        self.policy = decider_policy(decider) if self.config.policy == "auto" else self.config.policy
         self.stop = StopRule(sentence=True)
-        if context.marker_tag:
-            self.stop = StopRule(sentence=True, marker_close=f"</{context.marker_tag}>")
-            if self.config.policy == "auto":
-                self.policy = "continue"
+        if context.marker_protocol is not None:  # pause right after the protocol's tag, matched on text
+            protocol = context.marker_protocol
+            self.stop = StopRule(sentence=True, marker_close=protocol.stop_string, keep=protocol.tags)
         self.last_result: RIGResult | None = None
         self.run_config: dict[str, Any] = {}
 
@@ -96,7 +105,7 @@ class RIGController:
     ) -> Iterator[RoundTrace]:
         """Yield one `RoundTrace` per round as it happens; the result is then `last_result`."""
         self._check_question(question)
-        if hasattr(self.generator, "reset"):
+        if isinstance(self.generator, SupportsReset):
             self.generator.reset(self.generation.seed)
         self.context.start(question, passages, history)
         run = _Run(question, retrievals=1 if passages else 0)
@@ -112,6 +121,8 @@ class RIGController:
                 break
             if trace.action in ("regenerate", "restore"):
                 continue
+            if trace.action == "continue" and trace.injection is not None and trace.injection.added:
+                continue  # passages follow this segment: the model reads them, even after its end of turn
             if trace.segment.finished or not trace.segment.token_ids:
                 break  # end of turn, or the model produced nothing more
         self.last_result = self._result(run)
@@ -126,13 +137,19 @@ class RIGController:
             round_index=len(run.rounds),
             retrievals_done=run.retrievals,
             generator=self.generator,
+            segments=_accepted_segments(run.rounds),
         )
+        last = next((r for r in reversed(run.rounds) if r.query is not None), None)
+        if last is not None:
+            state.last_query, state.last_hits = last.query, list(last.hits)
         for callback in self.callbacks:
             if hasattr(callback, "on_round_start"):
                 callback.on_round_start(len(run.rounds), state)
         with _timer(timings, "generate"):
             budget = min(self.generation.max_segment_tokens, self.generation.max_answer_tokens - run.generated)
-            segment = self.generator.next_segment(self.context.pieces(), self.stop, budget)
+            evicted = self.context.fit(budget)  # the model's context limit holds; refuses if it cannot
+            segment = self.generator.next_segment(self.context.pieces(), self.stop, budget, **self._token_kwargs())
+        segment.context_ids = [h.chunk_id for h in self.context.passages]  # all it may cite
         run.generated += len(segment.token_ids)
         run.tokens_since_retrieval += len(segment.token_ids)
         state.tokens_since_retrieval = run.tokens_since_retrieval
@@ -157,6 +174,9 @@ class RIGController:
         else:
             self._retrieve(run, trace, state)
         run.pending = segment if trace.action == "regenerate" else None
+        if evicted:  # passages evicted before this segment to fit the model's context
+            trace.injection = trace.injection or Injection()
+            trace.injection.evicted = evicted + trace.injection.evicted
         trace.budget = self.context.budget()
         trace.draft = self._clean(self.context.draft)
         trace.retrieval_round = run.retrievals
@@ -166,11 +186,15 @@ class RIGController:
         segment, timings = trace.segment, trace.timings
         try:
             with _timer(timings, "query"):
-                trace.query = self.query_builder.build(run.question, state.draft + segment.text, trace.decision)
+                trace.query = self.query_builder.build(run.question, state.draft + segment.text, trace.decision, state)
             with _timer(timings, "retrieve"):
                 trace.hits = self.retriever.search(trace.query.text, self.top_k)
         except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
+            # recorded in the round and the result; it is not a retrieval, so it spends no round
             trace.error = f"{type(err).__name__}: {err}"
+            trace.hits = []
+            self.context.accept(segment)
+            return
         run.retrievals += 1
         run.tokens_since_retrieval = 0
         regenerate = self.policy == "regenerate"
@@ -190,46 +214,48 @@ class RIGController:
         totals = {stage: sum(r.timings.get(stage, 0.0) for r in run.rounds) for stage in STAGES}
         totals["total"] = time.perf_counter() - run.started
         prefilled = sum(r.tokens_prefilled for r in run.rounds)
-        reused = sum(r.tokens_reused for r in run.rounds)
+        known = [r.tokens_reused for r in run.rounds if r.tokens_reused is not None]
+        # a served model that does not report its prefix cache: "unknown", never a false 0
+        reused = sum(known) if len(known) == len(run.rounds) else None
         generated = sum(len(r.segment.token_ids) for r in run.rounds)
-        answer, cited = self._cite(self._clean(self.context.draft))
+        parts = [(text, seg.context_ids) for text, seg in self.context.draft_parts()]
+        answer, cited, attributions = cite(
+            self._clean(self.context.draft), self.context.seen_passages,
+            written_with(parts, self._clean), tags=self.citations)
         return RIGResult(
             question=run.question,
             answer=answer,
             rounds=run.rounds,
             used_retrieval_times=run.retrievals,
             citations=cited,
-            tokens={"prompt": prefilled + reused, "generated": generated, "prefilled": prefilled, "reused": reused},
+            tokens={"prompt": prefilled + (reused or 0), "generated": generated, "prefilled": prefilled, "reused": reused},
             timings=totals,
             low_confidence=run.low_confidence,
             passages=self.context.passages,
+            attributions=attributions,
             config=self.run_config,
             model={"spec": getattr(self.generator, "spec", type(self.generator).__name__),
                    "source": getattr(self.generator, "source", "")},
+            policy=self.policy,
+            errors=[f"round {r.index}: {r.error}" for r in run.rounds if r.error],
+            upfront=self.context.upfront if self.context.upfront.added or self.context.upfront.dropped_budget else None,
         )
 
     def _clean(self, text: str) -> str:
-        tag = self.context.config.marker_tag
-        return re.sub(r"[ \t]+", " ", strip_markers(text, tag)).strip()
+        """The answer text: no markers, no citation tags the model wrote, single spaces."""
+        return re.sub(r"[ \t]+", " ", strip_citations(clean_answer(text, self.context.protocol))).strip()
 
-    def _cite(self, answer: str) -> tuple[str, list[str]]:
-        """Attach `[[citation:ID]]` to each sentence that shares content words with a passage."""
-        passages = self.context.passages
-        if not passages:
-            return answer, []
-        cited: list[str] = []
-        passage_words = [(h, _content_words(h.text)) for h in passages]
-        out = []
-        for sentence in re.split(r"(?<=[.!?。！？])\s+", answer):
-            words = _content_words(sentence)
-            best, shared = max(((h, len(words & w)) for h, w in passage_words), key=lambda pair: pair[1])
-            if shared >= 2:
-                if best.chunk_id not in cited:
-                    cited.append(best.chunk_id)
-                if self.citations:
-                    sentence = f"{sentence} {citation_tag(best.chunk_id)}"
-            out.append(sentence)
-        return " ".join(out), cited
+    def _token_kwargs(self) -> dict[str, Any]:
+        """`on_token` for the generator when some callback listens (and the generator takes it)."""
+        listeners = [c.on_token for c in self.callbacks if hasattr(c, "on_token")]
+        if not listeners or not _takes_on_token(self.generator):
+            return {}
+
+        def on_token(text: str) -> None:
+            for listener in listeners:
+                listener(text)
+
+        return {"on_token": on_token}
 
     def _check_question(self, question: str) -> None:
         if not isinstance(question, str) or not question.strip():
@@ -243,14 +269,26 @@ class RIGController:
             )
 
 
-_STOP = frozenset(
-    "a an the and or of to in on for with by is are was were be been it its this that as at from "
-    "what which who whom when where why how do does did can could must may should i you he she they".split()
-)
+def _accepted_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
+    """The segments the answer kept so far, in order (a restore keeps the regenerated one)."""
+    kept: list[Segment] = []
+    for i, r in enumerate(rounds):
+        if r.action in ("accept", "continue", "skip"):
+            kept.append(r.segment)
+        elif r.action == "restore" and i > 0:
+            kept.append(rounds[i - 1].segment)
+    return kept
 
 
-def _content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"\w+", text.lower()) if w not in _STOP and len(w) > 2}
+def _takes_on_token(generator: Any) -> bool:
+    """Generators written before token streaming have no `on_token`: they still work."""
+    import inspect
+
+    try:
+        params = inspect.signature(generator.next_segment).parameters
+    except (TypeError, ValueError):
+        return False
+    return "on_token" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 class _timer:

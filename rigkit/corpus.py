@@ -6,6 +6,11 @@ than the budget fall back to overlapping fixed windows. Sizes are counted in the
 model's* tokens and include what the model sees around the body (`[CLS]`, `[SEP]`, the
 "title > heading. " prefix), so no chunk is ever silently truncated by the embedder
 (all-MiniLM-L6-v2 stops at 256 tokens). Window edges snap back to a word start where one is near.
+
+Document ids are checked at load (`check_doc_id`): at most 256 printable characters, no
+control, format or line-separator characters (no newlines, no terminal escape sequences), no
+`[[` or `]]` (ids are printed inside citation tags), no leading or trailing space. A bad id is an
+error naming the file and line, so nothing downstream has to encode ids.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import os
 import re
 import tempfile
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +34,7 @@ __all__ = [
     "Document",
     "Chunk",
     "load_documents",
+    "check_doc_id",
     "corpus_fingerprint",
     "markdown_sections",
     "chunk_documents",
@@ -89,12 +96,34 @@ def load_documents(path: str | Path) -> list[Document]:
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".md", ".txt"))
         if not files:
             raise CorpusError(f"{path}: folder holds no .md or .txt files")
-        return [_text_file(p, p.relative_to(path).as_posix()) for p in files]
+        docs = [_text_file(p, p.relative_to(path).as_posix()) for p in files]
+        for doc in docs:
+            problem = check_doc_id(doc.id)
+            if problem:
+                raise CorpusError(f"{path / doc.id}: file name as document id {doc.id!r} {problem}")
+        return docs
     if not path.exists():
         raise CorpusError(f"{path}: corpus not found")
     if path.suffix.lower() in (".md", ".txt"):
         return [_text_file(path, path.name)]
     return _jsonl_documents(path)
+
+
+MAX_ID_LENGTH = 256
+
+
+def check_doc_id(doc_id: str) -> str | None:
+    """Why `doc_id` is not a usable document id, or None when it is."""
+    if len(doc_id) > MAX_ID_LENGTH:
+        return f"is longer than {MAX_ID_LENGTH} characters"
+    if doc_id != doc_id.strip():
+        return "starts or ends with white space"
+    bad = next((ch for ch in doc_id if unicodedata.category(ch)[0] in "CZ" and ch != " "), None)
+    if bad is not None:
+        return f"contains the control or separator character {bad!r}"
+    if "[[" in doc_id or "]]" in doc_id:
+        return "contains '[[' or ']]' (reserved for citation tags)"
+    return None
 
 
 def _read_text(path: Path) -> str:
@@ -123,6 +152,9 @@ def _jsonl_documents(path: Path) -> list[Document]:
         if not isinstance(text, str) or not text.strip():
             raise CorpusError(f"{path}, line {lineno}: missing or empty 'text'")
         doc_id = str(obj["id"]) if obj.get("id") not in (None, "") else f"{path.stem}-{lineno}"
+        problem = check_doc_id(doc_id)
+        if problem:
+            raise CorpusError(f"{path}, line {lineno}: document id {doc_id!r} {problem}")
         if doc_id in seen:
             raise CorpusError(
                 f"{path}, line {lineno}: duplicate id {doc_id!r} (first on line {seen[doc_id]})"
@@ -179,12 +211,17 @@ def chunk_documents(
     chunk_size: int,
     overlap: int = 64,
     split: bool = True,
+    progress: bool = False,
 ) -> list[Chunk]:
-    """Chunks of every document, in document order. `split=False`: one chunk per document."""
+    """Chunks of every document, in document order. `split=False`: one chunk per document.
+
+    `progress`: a tqdm bar over documents (a widget in a notebook)."""
     if chunk_size <= _SPECIAL_TOKENS or overlap < 0:
         raise InputError(f"chunk_size must exceed {_SPECIAL_TOKENS} and overlap be >= 0")
+    from tqdm.auto import tqdm
+
     chunks: list[Chunk] = []
-    for doc in docs:
+    for doc in tqdm(docs, desc="chunking", unit="doc", disable=not progress, dynamic_ncols=True):
         chunks.extend(_chunk_document(doc, tokenizer, chunk_size, overlap, split))
     return chunks
 

@@ -8,6 +8,7 @@ __all__ = [
     "CorpusError",
     "IndexMismatchError",
     "ModelNotFoundError",
+    "IndexCorruptError",
 ]
 
 
@@ -29,3 +30,9 @@ class IndexMismatchError(RigkitError, ValueError):
 
 class ModelNotFoundError(RigkitError, FileNotFoundError):
     """A model that is not installed here; the message says how to install it."""
+
+
+class IndexCorruptError(RigkitError, ValueError):
+    """A saved index whose files do not match its manifest (truncated, deleted, reordered, swapped).
+
+    The message names the file and says how to rebuild; rigkit never answers from such an index."""

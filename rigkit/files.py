@@ -12,7 +12,42 @@ from typing import Any
 
 from rigkit.errors import CorpusError, RigkitError
 
-__all__ = ["cache_root", "iter_jsonl", "atomic_write", "atomic_write_text", "write_jsonl_atomic", "default_mode"]
+__all__ = ["cache_root", "iter_jsonl", "atomic_write", "atomic_write_text", "write_jsonl_atomic",
+           "default_mode", "fault_point", "fsync_dir", "FAULT_ENV"]
+
+# Fault injection for the kill tests: `RIGKIT_FAULT_AT=<step>[@<n>]` SIGKILLs the process the
+# n-th time (default 1st) it reaches `fault_point("<step>")`. Unset, a fault point costs a lookup.
+FAULT_ENV = "RIGKIT_FAULT_AT"
+_fault_hits: dict[str, int] = {}
+
+
+def fault_point(step: str) -> None:
+    """Die here, as a kill would, if the environment asks for it (tests only)."""
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted:
+        return
+    name, _, nth = wanted.partition("@")
+    if name != step:
+        return
+    _fault_hits[step] = _fault_hits.get(step, 0) + 1
+    if _fault_hits[step] >= int(nth or 1):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename or new file in `folder` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def iter_jsonl(path: str | Path, error: type[RigkitError] = CorpusError) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -55,8 +90,11 @@ def atomic_write(path: str | Path, binary: bool = False) -> Iterator[Any]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        fault_point("atomic:fsync")
         os.chmod(tmp, default_mode())  # mkstemp makes 0600; these are ordinary, shareable files
         os.replace(tmp, path)
+        fault_point("atomic:renamed")
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -6,7 +6,9 @@ copy the passages' wording into the answer.
 
 from __future__ import annotations
 
-import re
+from typing import Any
+
+from rigkit.text import citation_tag
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -14,11 +16,8 @@ __all__ = [
     "INJECTION_HEADER",
     "START_INSTRUCTION",
     "CONTINUE_INSTRUCTION",
-    "detect_language",
     "system_prompt",
     "render_passages",
-    "citation_tag",
-    "strip_citations",
 ]
 
 SYSTEM_PROMPT = {
@@ -57,26 +56,15 @@ CONTINUE_INSTRUCTION = {
 
 QUESTION_WITH_PASSAGES = {"en": "Question: {question}", "zh": "问题：{question}"}
 
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
-_CITATION = re.compile(r"\s*\[\[citation:[^\]]*\]\]")
 
-
-def detect_language(text: str) -> str:
-    """"zh" when a fifth or more of the letters are CJK characters, else "en"."""
-    letters = [c for c in text if c.isalpha()]
-    if not letters:
-        return "en"
-    return "zh" if sum(bool(_CJK.match(c)) for c in letters) / len(letters) >= 0.2 else "en"
-
-
-def system_prompt(language: str, marker_tag: str | None = None) -> str:
-    if marker_tag:
+def system_prompt(language: str, marker_tag: Any = None) -> str:
+    """The built-in system prompt; `marker_tag` (a word tag or a `MarkerProtocol`) adds the
+    prompt that teaches the model to ask for retrieval with those tags."""
+    if not marker_tag:
+        return SYSTEM_PROMPT[language]
+    if isinstance(marker_tag, str):
         return MARKER_SYSTEM_PROMPT[language].format(tag=marker_tag)
-    return SYSTEM_PROMPT[language]
-
-
-def citation_tag(chunk_id: str) -> str:
-    return f"[[citation:{chunk_id}]]"
+    return marker_tag.prompt(language)
 
 
 def render_passages(passages: list[tuple[str, str, str]], language: str, instruction: str | None = None) -> str:
@@ -87,8 +75,3 @@ def render_passages(passages: list[tuple[str, str, str]], language: str, instruc
     if instruction:
         parts.append(instruction)
     return "\n\n".join(parts)
-
-
-def strip_citations(text: str) -> str:
-    """The answer without `[[citation:ID]]` tags (for metrics)."""
-    return _CITATION.sub("", text).strip()

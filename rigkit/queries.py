@@ -5,6 +5,8 @@ it served, the extra model calls it cost and, when a builder had to fall back, w
 from. Modes follow the papers that introduced them:
 - `marker`: the phrase the model wrote inside its own retrieval marker (Toolformer-style); a
   phrase shorter than `min_words` falls back to `rewrite` (or to `masked` without a generator).
+  Any marker protocol's tags are read and stripped (`decision.evidence` names them); Self-RAG's
+  `[Retrieval]` carries no phrase, so it always falls back.
 - `masked`: FLARE's implicit query: the flagged sentence with its low-confidence words removed.
 - `rewrite`: one helper call to the generator with question, draft and intent (the "consolidate"
   step of later RIG systems); small models chat around the query, so only the first useful line
@@ -17,21 +19,29 @@ from. Modes follow the papers that introduced them:
 from __future__ import annotations
 
 import re
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rigkit.config import QueryConfig
-from rigkit.deciders.text import (
+from rigkit.errors import InputError
+from rigkit.generation.protocol import Generator
+from rigkit.markers import marker_spec, strip_markers
+from rigkit.text import (
     count_query_units,
     fact_words,
+    first_sentence,
     has_cjk,
+    has_content,
     is_stop,
     key_terms,
     mentions,
     split_words,
+    word_units,
 )
-from rigkit.errors import InputError
-from rigkit.markers import strip_markers
 from rigkit.trace import Decision, Query
+
+if TYPE_CHECKING:  # the state's type only: building a query needs no decider
+    from rigkit.deciders.base import DecisionState
 
 __all__ = [
     "QueryBuilder",
@@ -41,6 +51,7 @@ __all__ = [
     "KeywordsQuery",
     "AttentionQuery",
     "QUERY_BUILDERS",
+    "QueryBuilderFactory",
     "build_query_builder",
     "clean_rewrite",
     "truncate_query",
@@ -49,9 +60,16 @@ __all__ = [
 
 @runtime_checkable
 class QueryBuilder(Protocol):
-    """`build(question, draft, decision) -> Query`."""
+    """`build(question, draft, decision, state) -> Query`.
 
-    def build(self, question: str, draft: str, decision: Decision) -> Query: ...
+    `state` is the round's `DecisionState`: earlier segments, passages in context, the last
+    query and its hits (None when a builder is called outside the loop). Builders are made by a
+    factory `(QueryConfig, generator) -> QueryBuilder` registered in `QUERY_BUILDERS`.
+    """
+
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query: ...
 
 
 def _intent(decision: Decision) -> str:
@@ -66,10 +84,6 @@ def _with_question_terms(question: str, text: str, include: bool) -> str:
     return " ".join(terms + [text]).strip()
 
 
-def _has_content(text: str) -> bool:
-    return any(not is_stop(w.text) for w in split_words(text))
-
-
 class MaskedQuery:
     """FLARE's masked query: the segment without its low-confidence spans."""
 
@@ -78,7 +92,9 @@ class MaskedQuery:
     def __init__(self, include_question: bool = True):
         self.include_question = include_question
 
-    def build(self, question: str, draft: str, decision: Decision) -> Query:
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
         text = decision.segment_text
         cuts = sorted(
             (s.char_start, s.char_end) for s in decision.spans if 0 <= s.char_start < s.char_end
@@ -88,9 +104,9 @@ class MaskedQuery:
         for span in decision.spans:
             if span.char_start < 0 and span.text:
                 text = text.replace(span.text, " ")
-        text = strip_markers(text, decision.evidence.get("tag", "retrieve"))
+        text = strip_markers(text, marker_spec(decision.evidence))
         text = re.sub(r"\s+", " ", text).strip()
-        if not _has_content(text):  # everything was uncertain: the question is what is left
+        if not has_content(text):  # everything was uncertain: the question is what is left
             return Query(question.strip(), "question", _intent(decision), fallback_from=self.mode)
         return Query(
             _with_question_terms(question, text, self.include_question), self.mode, _intent(decision)
@@ -111,8 +127,6 @@ _EXPLANATION = re.compile(
     r"\s*(?:\((?:this|which|it|that|to|for|note)\b|\s[-—–]\s+(?:this|which|it|that|to|for)\b).*$",
     re.IGNORECASE | re.DOTALL,
 )
-# a sentence end after a lowercase letter or digit ("date. This query...", not "U.S. law")
-_SENTENCE_END = re.compile(r"(?<=[a-z0-9\u4e00-\u9fff\"”'])[.!?](?:\s.*)?$|[。！？].*$", re.DOTALL)
 _QUOTES = "\"“”«»「」『』`*"
 
 
@@ -133,7 +147,8 @@ def clean_rewrite(text: str, max_words: int = 30) -> str:
         query = line
         break
     query = strip_markers(query)
-    query = _SENTENCE_END.sub("", _EXPLANATION.sub("", query))
+    # the first sentence only ("date. This query..."), but "U.S. law" is not a sentence end
+    query = first_sentence(_EXPLANATION.sub("", query), capital_ends=False)
     query = query.translate({ord(c): " " for c in _QUOTES})
     query = query.strip(" '‘’.,;:!?。，；：！？")
     query = re.sub(r"\s+", " ", query)
@@ -144,7 +159,7 @@ def truncate_query(text: str, max_words: int = 30) -> str:
     """`text` cut after `max_words` units, a unit being a word or one CJK character."""
     if count_query_units(text) <= max_words:
         return text
-    units = list(re.finditer(r"[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff]|[^\s\u3400-\u9fff]+", text))
+    units = word_units(text)
     return text[: units[max_words - 1].end()].strip() if max_words > 0 else ""
 
 
@@ -154,8 +169,8 @@ class RewriteQuery:
     mode = "rewrite"
 
     def __init__(self, generator: object, max_words: int = 30, max_new_tokens: int = 48):
-        if generator is None or not callable(getattr(generator, "generate", None)):
-            raise InputError("query mode 'rewrite' needs a generator with generate()")
+        if not isinstance(generator, Generator):
+            raise InputError("query mode 'rewrite' needs a generator (it asks the model for the query)")
         self.generator = generator
         self.max_words = max_words
         self.max_new_tokens = max_new_tokens
@@ -175,13 +190,15 @@ class RewriteQuery:
             + "Reply with the query only, on one line."
         )
 
-    def build(self, question: str, draft: str, decision: Decision) -> Query:
-        intent = _intent(decision) or strip_markers(decision.segment_text)
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
+        intent = _intent(decision) or strip_markers(decision.segment_text, marker_spec(decision.evidence))
         reply = self.generator.generate(
             self.prompt(question, draft, intent), max_new_tokens=self.max_new_tokens
         )
         text = clean_rewrite(reply, self.max_words)
-        if not _has_content(text):  # the model produced nothing usable
+        if not has_content(text):  # the model produced nothing usable
             return Query(question.strip(), "question", intent, llm_calls=1, fallback_from=self.mode)
         return Query(text, self.mode, intent, llm_calls=1)
 
@@ -195,13 +212,15 @@ class MarkerQuery:
         self.min_words = min_words
         self.fallback = fallback or MaskedQuery()
 
-    def build(self, question: str, draft: str, decision: Decision) -> Query:
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
         markers = decision.evidence.get("markers")
         phrases = [m["phrase"] for m in markers if m["phrase"]] if markers else decision.intents
         text = "; ".join(p.strip() for p in phrases if p.strip())
         if count_query_units(text) >= self.min_words:
             return Query(text, self.mode, text)
-        query = self.fallback.build(question, draft, decision)
+        query = self.fallback.build(question, draft, decision, state)
         query.fallback_from = self.mode
         return query
 
@@ -216,13 +235,15 @@ class KeywordsQuery:
         self.include_question = include_question
         self.max_words = max_words
 
-    def build(self, question: str, draft: str, decision: Decision) -> Query:
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
         sources = [s.text for s in decision.spans] + list(decision.intents)
         if not sources:
             sources = [w.text for w in fact_words(decision.segment_text)]
         terms: list[str] = []
         for source in sources:
-            source = strip_markers(source, decision.evidence.get("tag", "retrieve"))
+            source = strip_markers(source, marker_spec(decision.evidence))
             facts = [w.text for w in fact_words(source)]
             terms += facts or [w.text for w in split_words(source) if not is_stop(w.text)]
         if self.include_question:
@@ -246,41 +267,44 @@ class AttentionQuery:
         self.include_question = include_question
         self.fallback = fallback or MaskedQuery(include_question)
 
-    def build(self, question: str, draft: str, decision: Decision) -> Query:
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
         words = decision.evidence.get("attended_words") or []
         if not words:
-            query = self.fallback.build(question, draft, decision)
+            query = self.fallback.build(question, draft, decision, state)
             query.fallback_from = self.mode
             return query
         text = _with_question_terms(question, " ".join(words), self.include_question)
         return Query(text, self.mode, _intent(decision))
 
 
-QUERY_BUILDERS: dict[str, type] = {
-    "marker": MarkerQuery,
-    "masked": MaskedQuery,
-    "rewrite": RewriteQuery,
-    "keywords": KeywordsQuery,
-    "attention": AttentionQuery,
+QueryBuilderFactory = Callable[[QueryConfig, "Generator | None"], QueryBuilder]
+
+
+def _marker(config: QueryConfig, generator: Generator | None) -> MarkerQuery:
+    # too-short marker phrases fall back to a rewrite when a model is at hand, else to masked
+    fallback = (RewriteQuery(generator, config.max_words) if generator is not None
+                else MaskedQuery(config.include_question))
+    return MarkerQuery(config.min_marker_words, fallback)
+
+
+QUERY_BUILDERS: dict[str, QueryBuilderFactory] = {
+    "marker": _marker,
+    "masked": lambda config, generator: MaskedQuery(config.include_question),
+    "rewrite": lambda config, generator: RewriteQuery(generator, max_words=config.max_words),
+    "keywords": lambda config, generator: KeywordsQuery(config.include_question, config.max_words),
+    "attention": lambda config, generator: AttentionQuery(
+        config.include_question, MaskedQuery(config.include_question)
+    ),
 }
 
 
-def build_query_builder(config: QueryConfig, generator: object | None = None) -> QueryBuilder:
-    """The builder for `config.mode`. `rewrite` needs the generator; `marker` falls back to
-    rewrite when a generator is given, to masked otherwise."""
-    mode = config.mode
-    if mode not in QUERY_BUILDERS:
-        raise InputError(f"unknown query mode {mode!r}; known: {', '.join(QUERY_BUILDERS)}")
-    masked = MaskedQuery(config.include_question)
-    if mode == "masked":
-        return masked
-    if mode == "rewrite":
-        return RewriteQuery(generator, max_words=config.max_words)
-    if mode == "marker":
-        fallback = RewriteQuery(generator, config.max_words) if generator is not None else masked
-        return MarkerQuery(config.min_marker_words, fallback)
-    if mode == "keywords":
-        return KeywordsQuery(config.include_question, config.max_words)
-    if mode == "attention":
-        return AttentionQuery(config.include_question, masked)
-    return QUERY_BUILDERS[mode]()  # a builder registered by the user, built with defaults
+def build_query_builder(config: QueryConfig, generator: Generator | None = None) -> QueryBuilder:
+    """The builder for `config.mode`, made by its factory from the config and the generator.
+
+    Register your own: `QUERY_BUILDERS["mine"] = lambda config, generator: MyBuilder()`.
+    """
+    if config.mode not in QUERY_BUILDERS:
+        raise InputError(f"unknown query mode {config.mode!r}; known: {', '.join(QUERY_BUILDERS)}")
+    return QUERY_BUILDERS[config.mode](config, generator)

@@ -7,7 +7,7 @@ fixed hits per query; `AlwaysDecider` / `NeverDecider` are the baselines under t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rigkit.deciders.baselines import AlwaysRetrieve as AlwaysDecider
 from rigkit.deciders.baselines import NeverRetrieve as NeverDecider
@@ -54,11 +54,17 @@ class ScriptedGenerator:
         self.prompts: list[list[Piece]] = []
         self.helper_prompts: list[str] = []
 
-    def next_segment(self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int) -> Segment:
+    def next_segment(
+        self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int,
+        on_token: Callable[[str], None] | None = None,
+    ) -> Segment:
         self.prompts.append(list(prompt))
         if not self.segments:
             return Segment(text="", finish_reason="end_of_turn")
-        return self.segments.pop(0)
+        segment = self.segments.pop(0)
+        for token in segment.tokens if on_token is not None else ():
+            on_token(token)
+        return segment
 
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
         self.helper_prompts.append(prompt)

@@ -26,10 +26,12 @@ __all__ = [
     "Injection",
     "TokenBudget",
     "RoundTrace",
+    "Attribution",
     "RIGResult",
 ]
 
-TRACE_VERSION = 1
+# 2: segments record the passages they could see; results record per-sentence attributions.
+TRACE_VERSION = 2
 
 
 @dataclass
@@ -47,10 +49,13 @@ class Segment:
     entropies: list[float] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (sentence or marker end), "end_of_turn", "length"
     tokens_prefilled: int = 0  # prompt tokens this call had to run through the model
-    tokens_reused: int = 0  # prompt tokens served from the KV cache
+    tokens_reused: int | None = 0  # prompt tokens served from the KV cache; None: the server did not say
     # Last-layer attention among the segment's own tokens, (n_tokens, n_tokens); filled on demand
     # by a decider that needs it (DRAGIN), otherwise None.
     attention: list[list[float]] | None = None
+    # Chunk ids of the passages in context when this segment was generated (set by the
+    # controller): what its sentences may cite. None in traces older than version 2.
+    context_ids: list[str] | None = None
 
     @property
     def probs(self) -> list[float]:
@@ -82,7 +87,9 @@ class Decision:
     score: float
     reason: str
     decider: str = ""
-    threshold: float | None = None
+    threshold: float | None = None  # in the decider's own unit (see `unit`)
+    unit: str = ""  # what `threshold` measures: "probability", "nats", "tokens", "score"...
+    score_threshold: float | None = None  # the same cut on the [0, 1] score scale, if it has one
     intents: list[str] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     extra_forward_passes: int = 0  # e.g. DRAGIN's attention pass
@@ -123,12 +130,21 @@ class Injection:
     dropped_duplicates: list[str] = field(default_factory=list)
     dropped_budget: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
-    tokens_added: int = 0
+    # passages cut to `max_passage_tokens` on the way in (their hit's metadata holds the original
+    # length): a cut is recorded, never silent
+    truncated: list[str] = field(default_factory=list)
+    tokens_added: int = 0  # passage tokens the added passages occupy (ids, titles, headers included)
 
 
 @dataclass
 class TokenBudget:
-    """Where the context's tokens go at one moment, against the model's limit."""
+    """Where the context's tokens go at one moment, against the model's limit.
+
+    `passages` is everything the passages occupy: each one's citation id, title and text and the
+    header, instruction and turn tokens of the message that carries them; `max_retrieval_tokens`
+    bounds exactly that number, for plain RAG and RIG alike. `system` is the system prompt plus
+    the chat template's own tokens. The parts add up to the prompt's length.
+    """
 
     system: int = 0
     question: int = 0
@@ -164,9 +180,21 @@ class RoundTrace:
     budget: TokenBudget = field(default_factory=TokenBudget)
     draft: str = ""  # the clean answer text after this round
     tokens_prefilled: int = 0
-    tokens_reused: int = 0
+    tokens_reused: int | None = 0  # None: unknown (a served model that does not report it)
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     retrieval_round: int = 0  # how many retrievals had happened after this round
+
+
+@dataclass
+class Attribution:
+    """One answer sentence: where it stands, which passages it could see, which it cites."""
+
+    text: str
+    start: int  # character offsets in the answer without citation tags
+    end: int
+    visible: list[str] = field(default_factory=list)  # chunk ids in context when it was written
+    cited: str | None = None  # the supporting passage's chunk id; None when none supports it
+    shared: int = 0  # content words it shares with the cited passage
 
 
 @dataclass
@@ -184,8 +212,13 @@ class RIGResult:
     timings: dict[str, float] = field(default_factory=dict)
     low_confidence: bool = False
     passages: list[Hit] = field(default_factory=list)  # passages in context at the end
+    attributions: list[Attribution] = field(default_factory=list)  # one per answer sentence
     config: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)  # spec, source (gguf/hub/local), dtype
+    policy: str = ""  # the run's continue / regenerate policy (the decider's, or overridden)
+    errors: list[str] = field(default_factory=list)  # "round N: ..." per failed retrieval
+    # what happened to passages given before the question (plain RAG): added, over budget, cut
+    upfront: Injection | None = None
     version: int = TRACE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +236,8 @@ class RIGResult:
         data = dict(data)
         data["rounds"] = [_round_from_dict(r) for r in data.get("rounds", [])]
         data["passages"] = [Hit(**h) for h in data.get("passages", [])]
+        data["attributions"] = [Attribution(**a) for a in data.get("attributions", [])]
+        data["upfront"] = Injection(**data["upfront"]) if data.get("upfront") else None
         return cls(**data)
 
     @classmethod

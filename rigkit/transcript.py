@@ -4,13 +4,18 @@ Text pieces (chat-template scaffolding, the question, injected passages) are tok
 generator; generated pieces keep the model's own token ids, so nothing it wrote is ever
 re-tokenised differently. Because rounds only append pieces, the generator can keep its KV cache
 and pre-fill just the new ones.
+
+Text that came from documents or from the user (passages, titles, ids, the question) is data:
+`Piece.plain` marks its character ranges, and generators tokenise them with special-token parsing
+off, so a passage containing `<|im_start|>system` cannot forge a chat turn. Only the chat
+template's own scaffolding produces special tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Piece", "StopRule"]
+__all__ = ["Piece", "StopRule", "plain_spans", "tokenize_plain"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,40 @@ class Piece:
     text: str
     token_ids: tuple[int, ...] | None = None
     role: str = "scaffold"  # system | question | passages | draft | scaffold (for the budget)
+    plain: tuple[tuple[int, int], ...] = ()  # [start, end) ranges of `text` that are data, not markup
+
+    def parts(self) -> list[tuple[str, bool]]:
+        """(text, is_plain) runs covering `text` in order."""
+        runs, at = [], 0
+        for start, end in sorted(self.plain):
+            if start > at:
+                runs.append((self.text[at:start], False))
+            if end > start:
+                runs.append((self.text[start:end], True))
+            at = max(at, end)
+        if at < len(self.text) or not runs:
+            runs.append((self.text[at:], False))
+        return runs
+
+
+def plain_spans(rendered: str, contents: list[str]) -> tuple[tuple[int, int], ...]:
+    """Where each of `contents` (in order) sits in `rendered`, a chat template's output.
+
+    Templates may trim message content; a content found neither verbatim nor stripped means the
+    template rewrote it, and rigkit refuses rather than tokenise document text as markup."""
+    spans, at = [], 0
+    for content in contents:
+        for candidate in (content, content.strip()):
+            start = rendered.find(candidate, at) if candidate else -1
+            if start >= 0:
+                spans.append((start, start + len(candidate)))
+                at = start + len(candidate)
+                break
+        else:
+            if content.strip():
+                raise ValueError("the chat template rewrites message content; rigkit cannot keep "
+                                 "passage text apart from template markup with it")
+    return tuple(spans)
 
 
 @dataclass(frozen=True)
@@ -27,4 +66,22 @@ class StopRule:
     """When a segment pauses: at a sentence end, and/or after a marker's closing tag."""
 
     sentence: bool = True
-    marker_close: str | None = None  # e.g. "</retrieve>"
+    marker_close: str | None = None  # the marker protocol's stop string, e.g. "</retrieve>", "<|end_of_search|>"
+    keep: tuple[str, ...] = ()  # the protocol's tags: kept in decoded text even where they are special tokens
+
+
+def tokenize_plain(tokenizer, text: str) -> list[int]:
+    """Token ids of document or user text with no special or added token recognised in it.
+
+    `split_special_tokens=True` turns special-token parsing off; an added token that is not
+    "special" may still match, so its string is cut in two and each half tokenised alone."""
+    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}  # {id: AddedToken}
+    if not added or not set(ids) & set(added):
+        return ids
+    for token in sorted((t.content for t in added.values()), key=len, reverse=True):
+        at = text.find(token)
+        if at >= 0 and len(token) > 1:
+            mid = at + len(token) // 2
+            return tokenize_plain(tokenizer, text[:mid]) + tokenize_plain(tokenizer, text[mid:])
+    return ids

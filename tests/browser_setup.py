@@ -1,13 +1,16 @@
-"""Pre-flight for the browser test: `python -m tests.browser_setup` (run by `make test`).
+"""Pre-flight for the browser test: `python -m tests.browser_setup [--install]` (run by `make test`).
 
 Checks that Debian's Chromium is installed where the test expects it and that Playwright for
-Python can launch it with the test's flags. Playwright's own browser download is never used:
+Python can launch it with the test's flags. With `--install` (what `make test` passes) a missing
+Chromium is installed with apt-get when this user may install system packages (root, or sudo
+without a password); otherwise the one command to run is printed. Playwright's own browser download is never used:
 the test drives the system Chromium through `executable_path`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -49,8 +52,41 @@ def check(launch: bool = True) -> str:
     return version or "chromium (version unknown)"
 
 
-def main() -> int:
+def _apt_prefix() -> list[str] | None:
+    """How this user runs apt-get: directly (root), through passwordless sudo, or not at all."""
+    if shutil.which("apt-get") is None:
+        return None
+    if os.geteuid() == 0:
+        return []
+    if shutil.which("sudo") and subprocess.run(
+        ["sudo", "-n", "true"], capture_output=True, check=False
+    ).returncode == 0:
+        return ["sudo", "-n"]
+    return None
+
+
+def install_chromium() -> None:
+    """Install Debian's Chromium (and its driver) when missing and this user can."""
+    if os.path.exists(CHROMIUM) or "RIGKIT_CHROMIUM" in os.environ:
+        return
+    prefix = _apt_prefix()
+    if prefix is None:
+        return  # check() then names the command to run
+    print("browser test setup: installing Debian's chromium (apt-get)...", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"],
+                    ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
+        done = subprocess.run(prefix + command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"{' '.join(prefix + command)} failed: {tail[0]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if "--install" in argv:
+            install_chromium()
         version = check()
     except Exception as exc:  # any failure here is a setup problem to report in one message
         print(f"browser test setup: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rigkit.textproc import tokenize
+from rigkit.retrieval.tokenize import tokenize
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"

@@ -29,10 +29,10 @@ MIT = hit("mit#0", "The MIT licence allows commercial use if the copyright notic
 
 
 class FireOnWord:
-    """Retrieves when the segment contains `word`."""
+    """Retrieves when the segment contains `word`; declares `policy` like any decider."""
 
-    def __init__(self, word):
-        self.word = word
+    def __init__(self, word, policy="regenerate"):
+        self.word, self.policy = word, policy
 
     def decide(self, segment, state):
         fire = self.word in segment.text
@@ -90,7 +90,7 @@ def test_always_decider_without_new_passages_is_not_low_confidence():
 def test_marker_continue_policy_keeps_marker_in_transcript_but_not_in_answer():
     seg = make_segment("Apache needs <retrieve>Apache NOTICE rules</retrieve>")
     gen = ScriptedGenerator([seg, " You ship the NOTICE file."])
-    result = controller(gen, FireOnWord("<retrieve>"), markers=True).run("What does Apache require?")
+    result = controller(gen, FireOnWord("<retrieve>", policy="continue"), markers=True).run("What does Apache require?")
     assert result.rounds[0].action == "continue"
     assert "<retrieve>" not in result.answer and "NOTICE file" in result.answer
     assert any("<retrieve>" in p.text for p in gen.prompts[1])
@@ -131,10 +131,11 @@ def test_eviction_keeps_passages_within_budget():
     long_b = hit("b#0", "beta " * 30, doc="b")
     gen = ScriptedGenerator(["alpha XYZ.", "beta XYZ.", "done."])
     retriever = DictRetriever({"alpha": [long_a]}, default=[long_b])
-    c = controller(gen, FireOnWord("XYZ"), retriever=retriever, max_retrieval_tokens=40)
+    # one block (header, instruction, id, title, 30 words) fits in 100 tokens, two do not
+    c = controller(gen, FireOnWord("XYZ"), retriever=retriever, max_retrieval_tokens=100)
     result = c.run("Q about beta?")
     assert result.rounds[1].injection.evicted == ["a#0"]
-    assert all(r.budget.passages <= 40 for r in result.rounds)
+    assert all(r.budget.passages <= 100 for r in result.rounds)
 
 
 @pytest.mark.parametrize("question", ["", "   \n"])

@@ -16,6 +16,7 @@ from rigkit.deciders import (
     ProbabilityDecider,
 )
 from rigkit.deciders.base import DecisionState
+from rigkit.errors import InputError, RigkitError
 from rigkit.testing import ScriptedGenerator, make_segment
 from rigkit.trace import Decision, Hit, Segment
 
@@ -132,16 +133,38 @@ class AttentionGenerator:
         return self.matrix or [[1.0 / (i + 1)] * (i + 1) + [0.0] * (n - i - 1) for i in range(n)]
 
 
-def test_entropy_alone_without_attention_method():
+def test_entropy_refuses_a_generator_without_attention_unless_configured_entropy_only():
     state = DecisionState(question="q", generator=ScriptedGenerator([]))
-    d = EntropyDecider(threshold=2.0).decide(INVENTED, state)
+    with pytest.raises(InputError, match=r"^decider 'entropy' needs the model's attention weights, which "
+                                         r"ScriptedGenerator cannot give.*use_attention: false$"):
+        EntropyDecider(threshold=2.0).decide(INVENTED, state)
+    d = EntropyDecider(threshold=2.0, use_attention=False).decide(INVENTED, state)
     check_decision(d, "entropy")
+    assert "entropy only, as configured" in d.reason
     assert d.retrieve and d.extra_forward_passes == 0 and not d.evidence["attention"]
     assert d.evidence["max_rind"] == pytest.approx(-math.log(0.04))
     assert d.score == pytest.approx(1 - math.exp(-d.evidence["max_rind"]))
     assert "1931" in [s.text for s in d.spans] and d.evidence["attended_words"] == []
-    assert not EntropyDecider(threshold=2.0).decide(CONFIDENT, state).retrieve
-    assert not EntropyDecider().decide(UNSURE_STOPWORDS, state).retrieve  # stop words are 0
+    assert not EntropyDecider(threshold=2.0, use_attention=False).decide(CONFIDENT, state).retrieve
+    assert not EntropyDecider(use_attention=False).decide(UNSURE_STOPWORDS, state).retrieve  # stop words are 0
+
+
+def test_entropy_alone_when_no_model_is_attached_says_so():
+    """Stored segments scored offline (trigger evaluation): no model to ask, and the reason says it."""
+    d = EntropyDecider(threshold=2.0).decide(INVENTED, DecisionState(question="q"))
+    assert d.retrieve and "entropy only, no model attached" in d.reason and not d.evidence["attention"]
+
+
+def test_an_in_process_model_that_yields_no_attention_is_an_error_naming_the_decider():
+    class NoAttention(AttentionGenerator):
+        spec = "tiny-sdpa"
+
+        def segment_attention(self, segment):
+            self.calls += 1
+            return []
+
+    with pytest.raises(RigkitError, match=r"^decider 'entropy': NoAttention \(tiny-sdpa\) returned no attention"):
+        EntropyDecider().decide(make_segment("Paris is nice."), DecisionState("q", generator=NoAttention()))
 
 
 def test_entropy_with_attention_counts_the_pass_and_stores_qfs_words():

@@ -8,8 +8,8 @@ import pytest
 
 from rigkit.deciders import EntropyDecider, ProbabilityDecider
 from rigkit.deciders.base import DecisionState
-from rigkit.deciders.text import mentions
 from rigkit.queries import AttentionQuery, MaskedQuery
+from rigkit.text import mentions
 
 # A film that does not exist: whatever director the model names, it invents.
 QUESTION = "Who directed the 1931 Hungarian film Nightfall over Budapest?"
@@ -33,6 +33,7 @@ def test_prob_fires_on_invented_answer_and_masked_query_drops_it(generated):
     decision = ProbabilityDecider().decide(segment, DecisionState(QUESTION, generator=gen))
     decision.segment_text = segment.text
     assert decision.retrieve, (segment.text, decision.reason)
+    assert decision.spans, decision.reason  # the loops below must have something to check
     probs = [math.exp(lp) for lp in segment.logprobs]
     for span in decision.spans:
         assert segment.text[span.char_start : span.char_end] == span.text
@@ -53,9 +54,11 @@ def test_entropy_uses_the_models_attention(generated):
     decision = EntropyDecider().decide(segment, DecisionState(QUESTION, generator=gen))
     assert decision.extra_forward_passes == 1 and decision.evidence["attention"]
     n = len(segment.tokens)
+    assert n >= 2  # a one-token segment has no attention pattern to speak of
     assert len(segment.attention) == n and all(len(row) == n for row in segment.attention)
     assert 0.0 <= decision.score <= 1.0
     words = decision.evidence["attended_words"]
+    assert words  # otherwise the check below is vacuous
     assert all(mentions(segment.text, w) for w in words)
     decision.segment_text = segment.text
     query = AttentionQuery().build(QUESTION, "", decision)

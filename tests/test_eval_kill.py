@@ -86,3 +86,29 @@ def test_killed_eval_resumes_without_duplicates_or_losses(tmp_path):
     assert summary["skipped"] == len(complete) and summary["written"] == len(rows) - len(complete)
     assert all(r["error"] is None and r["model"]["source"] for r in rows)
     assert (out / "report.html").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step, concurrency", [("eval:traces:fsync", 1), ("eval:results:written", 2)])
+def test_kill_at_a_write_step_resumes_exactly(tmp_path, step, concurrency):
+    """Killed by the fault hook between a trace and its result (or mid result) with the real model,
+    serial and with two workers: the resumed run holds each key once in both files."""
+    from rigkit.eval.runner import TRACES_FILE
+    from rigkit.retrieval import Index
+
+    qa, corpus = _toy_set(tmp_path)
+    index = tmp_path / "index"
+    Index.build(corpus, index)
+    out = tmp_path / "run"
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    command = [*_command(qa, index, out), "--no-faithfulness", "--concurrency", str(concurrency)]
+    killed = subprocess.run(command, cwd=ROOT, env={**env, "RIGKIT_FAULT_AT": f"{step}@2"},
+                            capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    keys = [result_key(json.loads(line)) for line in _lines(out / RESULTS_FILE)]
+    traces = [result_key(json.loads(line)) for line in _lines(out / TRACES_FILE)]
+    assert len(keys) == len(set(keys)) == QUESTIONS * 2
+    assert sorted(traces) == sorted(keys)

@@ -67,3 +67,29 @@ def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch):
     printed = "".join(o.get("text", "") for o in first.outputs if o.get("output_type") == "stream")
     assert "rigkit" in printed, f"{path.name}: the first code cell must print versions"
     print(f"{path.name}: {elapsed:.1f} s")
+
+
+def _tree_state() -> set[str]:
+    """`git status` entries (changed or untracked, ignored files excluded) outside the source trees.
+
+    rigkit/, tests/ and bench/ are left out: notebooks import code, they never write it, and in a
+    shared working tree people edit those while the notebooks run."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {e for e in out.split("\0") if e and not e[3:].startswith(("rigkit/", "tests/", "bench/"))}
+
+
+_STATE_AT_COLLECTION = _tree_state()  # before any notebook in this file ran
+
+
+def test_notebooks_leave_tracked_files_alone():
+    """Runs after the notebook tests above (file order): nothing they wrote is tracked by git.
+
+    On a fresh clone `git status --porcelain` stays empty; in a working tree with edits, the
+    changed and untracked paths must be the ones there before the notebooks ran."""
+    assert _tree_state() == _STATE_AT_COLLECTION

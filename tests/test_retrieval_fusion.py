@@ -108,3 +108,74 @@ def test_hybrid_hits_collapse_and_keep_top_k():
     assert [h.chunk_id for h in hits] == ["c0", "c2", "c3"]
     assert hits[0].metadata["collapsed"] == ["c1"]
     assert [h.ranks["hybrid"] for h in hits] == [1, 2, 3]
+
+
+class WebSearch:
+    """An external retriever: plain `search`, hits from outside the index's chunk list."""
+
+    name = "web"
+
+    def search(self, query: str, top_k: int = 5):
+        from rigkit.trace import Hit
+
+        hits = [Hit("web:1", "web:1", "Apache licence FAQ", "The NOTICE file must ship.", 7.0),
+                Hit("c1", "d1", "T1", "text number 1", 5.0)]  # also a chunk of the index
+        return hits[:top_k]
+
+
+def test_an_external_retriever_fuses_with_bm25_by_chunk_id():
+    from rigkit.retrieval import BM25Retriever
+
+    chunks = [chunk(i, text=t) for i, t in enumerate(
+        ["apache licence notice file", "text number 1 apache", "mit licence", "gpl copyleft"])]
+    bm25 = BM25Retriever.build(chunks)
+    hybrid = HybridRetriever({"bm25": bm25, "web": WebSearch()})
+    hits = hybrid.search("apache notice", top_k=4)
+    by_id = {h.chunk_id: h for h in hits}
+    assert "web:1" in by_id and by_id["web:1"].title == "Apache licence FAQ"
+    assert by_id["web:1"].ranks == {"web": 1, "hybrid": list(by_id).index("web:1") + 1}
+    # a chunk both found gets both ranks and both RRF terms
+    both = by_id["c1"]
+    assert set(both.ranks) == {"bm25", "web", "hybrid"} and both.ranks["web"] == 2
+    assert both.score == pytest.approx(1 / (60 + both.ranks["bm25"]) + 1 / 62)
+    assert both.scores["web"] == 5.0
+    assert [h.ranks["hybrid"] for h in hits] == list(range(1, len(hits) + 1))
+
+
+def test_retriever_registry_builds_a_registered_retriever():
+    from rigkit.config import RetrievalConfig
+    from rigkit.retrieval import RETRIEVERS, open_retriever
+    from rigkit.retrieval.base import NoRetriever
+
+    RETRIEVERS["web"] = lambda config: WebSearch()
+    try:
+        assert isinstance(open_retriever(RetrievalConfig(mode="web")), WebSearch)
+    finally:
+        del RETRIEVERS["web"]
+    assert isinstance(open_retriever(RetrievalConfig(mode="none")), NoRetriever)
+    from rigkit.errors import InputError
+
+    with pytest.raises(InputError, match="unknown retrieval mode"):
+        open_retriever(RetrievalConfig(mode="nope"))
+
+
+def test_a_retrieval_server_url_opens_the_registered_remote_retriever():
+    """`--retriever URL` sets `retrieval.index` to the URL: the registry's `remote` entry opens it."""
+    from rigkit.config import RetrievalConfig
+    from rigkit.errors import InputError
+    from rigkit.retrieval import RETRIEVERS, open_retriever
+    from rigkit.retrieval.remote import RemoteRetriever
+
+    url = "http://127.0.0.1:9/retrieve"  # nothing is contacted until a search
+    for mode in ("hybrid", "bm25", "remote"):
+        retriever = open_retriever(RetrievalConfig(index=url, mode=mode))
+        assert isinstance(retriever, RemoteRetriever) and retriever.url == url
+    assert RETRIEVERS["remote"] is not None
+    with pytest.raises(InputError, match="needs the server's URL"):
+        open_retriever(RetrievalConfig(mode="remote"))
+    saved = RETRIEVERS["remote"]
+    RETRIEVERS["remote"] = lambda config: WebSearch()  # a replaced entry is what a URL opens
+    try:
+        assert isinstance(open_retriever(RetrievalConfig(index=url)), WebSearch)
+    finally:
+        RETRIEVERS["remote"] = saved

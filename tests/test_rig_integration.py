@@ -24,7 +24,7 @@ def test_probability_decider_retrieves_on_the_demo_corpus(default_generator, dem
     result = controller.run(
         "Can I use code under the Apache-2.0 licence in a commercial product, and what must I include when I ship it?"
     )
-    assert result.used_retrieval_times >= 1
+    assert result.used_retrieval_times >= 1 and len(result.rounds) >= 2
     fired = [r for r in result.rounds if r.query is not None]
     assert fired and all(r.hits for r in fired)
     assert result.answer and "<retrieve>" not in result.answer
@@ -42,6 +42,8 @@ def test_cache_on_and_off_give_the_same_answer_and_rounds(default_generator, dem
     question = "What must I include when I ship Apache-2.0 code?"
     on = build_controller(config, load_generator(use_cache=True), demo_retriever).run(question)
     off = build_controller(config, load_generator(use_cache=False), demo_retriever).run(question)
+    # the cache matters from the second segment on: a run that ends in round one proves nothing
+    assert len(on.rounds) >= 2 and on.used_retrieval_times >= 1
     assert on.answer == off.answer
     assert [r.segment.token_ids for r in on.rounds] == [r.segment.token_ids for r in off.rounds]
     assert [r.action for r in on.rounds] == [r.action for r in off.rounds]
@@ -56,6 +58,7 @@ def test_prefix_layout_reuses_less(default_generator, demo_retriever):
     append = build_controller(config, default_generator, demo_retriever).run(question)
     prefix = build_controller(config.override(context={"layout": "prefix"}), default_generator, demo_retriever).run(question)
     assert prefix.used_retrieval_times >= 1 and append.used_retrieval_times >= 1
+    assert len(append.rounds) >= 2 and len(prefix.rounds) >= 2  # or the checks below are vacuous
     head = append.rounds[0].tokens_prefilled  # system + question: the first round fills them
     assert append.rounds[0].tokens_reused == 0 and prefix.rounds[0].tokens_prefilled == head
     # append: the head is never filled again; prefix: passages go before the question, so the

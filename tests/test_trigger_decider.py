@@ -8,6 +8,7 @@ from rigkit.deciders.base import DecisionState
 from rigkit.deciders.classifier import DEFAULT_THRESHOLD, ClassifierDecider
 from rigkit.errors import InputError, RigkitError
 from rigkit.testing import make_segment
+from rigkit.trigger import trigger_decider
 from rigkit.trigger.model import save_trigger, train_trigger
 from tests.conftest_trigger import HashEmbedder, synthetic_labels
 
@@ -23,7 +24,7 @@ def model_file(tmp_path_factory):
 
 def test_decides_on_hand_written_segments(model_file):
     path, model = model_file
-    decider = ClassifierDecider(path, embedder=HashEmbedder())
+    decider = trigger_decider(path, embedder=HashEmbedder())
     state = DecisionState(question="Who directed the film?")
     low, high = decider.decide(CONFIDENT, state), decider.decide(INVENTED, state)
     assert 0.0 <= low.score <= 1.0 and 0.0 <= high.score <= 1.0
@@ -36,26 +37,34 @@ def test_decides_on_hand_written_segments(model_file):
 
 
 def test_explicit_threshold_wins(model_file):
+    """A given threshold flips the file's decisions both ways, not just restates the rule."""
     path, _ = model_file
-    strict = ClassifierDecider(path, threshold=0.999999, embedder=HashEmbedder())
-    decision = strict.decide(INVENTED, DecisionState(question="q"))
-    assert decision.threshold == pytest.approx(0.999999)
-    assert decision.retrieve == (decision.score >= 0.999999)
-    assert strict.threshold_source == "given"
+    state = DecisionState(question="q")
+    by_file = trigger_decider(path, embedder=HashEmbedder())
+    low, high = by_file.decide(CONFIDENT, state), by_file.decide(INVENTED, state)
+    assert high.retrieve and not low.retrieve and 0.0 < low.score < high.score < 1.0
+    strict_at, lenient_at = (high.score + 1.0) / 2, low.score / 2
+    strict = trigger_decider(path, threshold=strict_at, embedder=HashEmbedder())
+    lenient = trigger_decider(path, threshold=lenient_at, embedder=HashEmbedder())
+    assert not strict.decide(INVENTED, state).retrieve  # fired at the file's threshold
+    assert lenient.decide(CONFIDENT, state).retrieve  # stayed quiet at the file's threshold
+    decision = strict.decide(INVENTED, state)
+    assert decision.threshold == pytest.approx(strict_at) and decision.score == pytest.approx(high.score)
+    assert strict.threshold_source == lenient.threshold_source == "given"
 
 
 def test_file_without_threshold_uses_default(model_file):
     _, model = model_file
     model.threshold, saved = None, model.threshold
     try:
-        decider = ClassifierDecider(model=model, embedder=HashEmbedder())
+        decider = trigger_decider(model, embedder=HashEmbedder())
     finally:
         model.threshold = saved
     assert decider.threshold == DEFAULT_THRESHOLD and decider.threshold_source == "default"
 
 
 def test_empty_segment_does_not_retrieve(model_file):
-    decision = ClassifierDecider(model_file[0], embedder=HashEmbedder()).decide(
+    decision = trigger_decider(model_file[0], embedder=HashEmbedder()).decide(
         make_segment(""), DecisionState(question="q")
     )
     assert not decision.retrieve and decision.score == 0.0
@@ -67,8 +76,8 @@ def test_needs_a_model_file():
 
 
 def test_registry_builds_it_from_config(model_file):
+    from rigkit.build import build_decider
     from rigkit.config import DeciderConfig
-    from rigkit.deciders import build_decider
 
     decider = build_decider(
         DeciderConfig(name="classifier", trigger_model=str(model_file[0]), threshold=0.3,
@@ -91,7 +100,7 @@ class _Gen:
 def test_hidden_probe_reads_the_state_generator(tmp_path):
     model = train_trigger(synthetic_labels(30, hidden_dim=4), features=("hidden",))
     path = save_trigger(model, tmp_path / "h.skops")
-    decider = ClassifierDecider(path)
+    decider = trigger_decider(path)
     gen = _Gen()
     state = DecisionState(question="q", generator=gen)
     yes = decider.decide(make_segment("an invented fact"), state)

@@ -29,9 +29,14 @@ def config():
 
 def test_real_labels_then_classifier_in_the_controller(generator, config, tmp_path):
     from rigkit.build import build_controller
-    from rigkit.deciders.classifier import ClassifierDecider
     from rigkit.testing import DictRetriever
-    from rigkit.trigger import build_labels, load_labels, save_trigger, train_trigger
+    from rigkit.trigger import (
+        build_labels,
+        load_labels,
+        save_trigger,
+        train_trigger,
+        trigger_decider,
+    )
 
     labels = build_labels(QA, generator, config, limit=1, progress=False)
     assert labels.meta["generator"] == generator.spec and labels.meta["data_hash"].startswith("sha256:")
@@ -49,7 +54,7 @@ def test_real_labels_then_classifier_in_the_controller(generator, config, tmp_pa
     model = train_trigger(train_set, features=("probability", "hidden"))
     path = save_trigger(model, tmp_path / "trigger.skops")
 
-    decider = ClassifierDecider(path, generator=generator)
+    decider = trigger_decider(path, generator=generator)
     controller = build_controller(config, generator=generator, retriever=DictRetriever({}))
     controller.decider = decider
     result = controller.run(labels.rows[0].question)

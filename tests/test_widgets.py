@@ -46,7 +46,7 @@ def make_result() -> RIGResult:
         RoundTrace(
             index=0, segment=seg0, action="continue", draft="Yes, it allows that.",
             decision=Decision(True, 1.0, "model wrote a retrieval marker", decider="marker",
-                              threshold=0.5, intents=["Apache licence commercial use"],
+                              threshold=0.5, unit="score", score_threshold=0.5, intents=["Apache licence commercial use"],
                               spans=[Span(1, 5, "Apache licence commercial use", 1.0)]),
             query=Query("Apache licence commercial use", "marker", intent="commercial use?"),
             hits=[h_apache, h_dup],
@@ -60,7 +60,7 @@ def make_result() -> RIGResult:
         RoundTrace(
             index=1, segment=seg1, action="regenerate", draft="Yes, it allows that.",
             decision=Decision(True, 0.8, "token 'NOTICE' p=0.20 < 0.40", decider="prob",
-                              threshold=0.4, spans=[Span(4, 5, "NOTICE", 0.8)],
+                              threshold=0.4, unit="probability", score_threshold=0.6, spans=[Span(4, 5, "NOTICE", 0.8)],
                               evidence={"min_prob": 0.2}),
             query=Query("Apache What must ship NOTICE file", "rewrite", intent="NOTICE file",
                         llm_calls=1, fallback_from="marker"),
@@ -75,14 +75,16 @@ def make_result() -> RIGResult:
         RoundTrace(
             index=2, segment=seg1b, action="accept",
             draft="Yes, it allows that. You must include the LICENSE and NOTICE files.",
-            decision=Decision(False, 0.1, "all tokens confident", decider="prob", threshold=0.4),
+            decision=Decision(False, 0.1, "all tokens confident", decider="prob", threshold=0.4,
+                              unit="probability", score_threshold=0.6),
             budget=TokenBudget(system=40, question=20, passages=210, draft=26, limit=1024),
             tokens_prefilled=30, tokens_reused=230, retrieval_round=2,
         ),
         RoundTrace(
             index=3, segment=seg2, action="accept",
             draft="Yes, it allows that. You must include the LICENSE and NOTICE files. That is all.",
-            decision=Decision(False, 0.05, "all tokens confident", decider="prob", threshold=0.4),
+            decision=Decision(False, 0.05, "all tokens confident", decider="prob", threshold=0.4,
+                              unit="probability", score_threshold=0.6),
             budget=TokenBudget(system=40, question=20, passages=210, draft=30, limit=1024),
             retrieval_round=2,
         ),
@@ -207,16 +209,38 @@ def test_panes_are_pure_functions_of_the_saved_trace(result):
     assert render.draft_html(result.rounds, 3) == render.draft_html(again.rounds, 3)
 
 
+def _declared(name, threshold):
+    """A decision of the real decider `name`, which records its own cut on the score scale."""
+    from rigkit.config import DeciderConfig
+    from rigkit.deciders import DecisionState, build_decider
+
+    key = "n" if name == "every_n" else "threshold"
+    params = {"use_attention": False} if name == "entropy" else {}
+    decider = build_decider(DeciderConfig(name=name, params={key: threshold, **params}))
+    return decider.decide(make_segment("Paris was founded in 1932."), DecisionState("q"))
+
+
 @pytest.mark.parametrize(
     ("decider", "threshold", "evidence", "cut"),
     [("prob", 0.3, {}, 0.7), ("entropy", 2.0, {}, 0.8647), ("keyword", 0.5, {}, 0.5),
-     ("every_n", 32.0, {}, 1.0), ("mine", 7.0, {}, None), ("mine", 7.0, {"score_threshold": 0.2}, 0.2),
+     ("every_n", 32, {}, 1.0), ("mine", 7.0, {}, None), ("mine", 7.0, {"score_threshold": 0.2}, 0.2),
      ("always", None, {}, None)],
 )
 def test_score_cut_puts_thresholds_on_the_score_scale(decider, threshold, evidence, cut):
-    got = figures.score_cut(Decision(False, 0.0, "", decider=decider, threshold=threshold,
-                                     evidence=evidence))
+    if decider in ("prob", "entropy", "keyword", "every_n"):
+        decision = _declared(decider, threshold)
+        assert decision.unit  # the decider says what its threshold measures
+    else:
+        decision = Decision(False, 0.0, "", decider=decider, threshold=threshold, evidence=evidence)
+    got = figures.score_cut(decision)
     assert got == (pytest.approx(cut, abs=1e-4) if cut is not None else None)
+
+
+def test_score_cut_reads_the_decision_not_the_decider_name():
+    # a decider called "prob" that declares another cut is shown with its own cut
+    renamed = Decision(False, 0.0, "", decider="prob", threshold=0.3, unit="score", score_threshold=0.3)
+    assert figures.score_cut(renamed) == pytest.approx(0.3)
+    assert "probability" in render.decision_html(_declared("prob", 0.3))
 
 
 def test_decider_figures(result):
@@ -325,7 +349,7 @@ def test_decider_comparison_and_retrieval_inspector(result):
 
     other = make_result()
     for r in other.rounds:
-        r.decision.score, r.decision.threshold = 0.3, 0.6
+        r.decision.score, r.decision.threshold, r.decision.score_threshold = 0.3, 0.6, 0.6
     comp = DeciderComparison.from_results({"prob": result, "entropy": other})
     assert [t.name for t in comp.score_plot.data] == ["prob", "entropy"]
     # the threshold of a run is the first one its decisions recorded (marker: 0.5)
@@ -368,3 +392,28 @@ def test_summary_tables(result):
     html_rows = re.findall(r'<tr class="rig-comparison-row">(.*?)</tr>', summary.comparison_html(rows))
     assert len(html_rows) == 4 and html_rows[0].count(">retrieve<") == 1
     assert f'title="{html.escape(rows[0]["decisions"]["always"].reason)}"' in html_rows[0]
+
+
+def test_round_stepper_shows_the_runs_policy_and_each_rounds_action(result):
+    from rigkit.widgets import RoundStepper
+
+    result.policy = "regenerate"
+    stepper = RoundStepper(result)
+
+    def shown(cls):
+        return re.search(rf'class="{cls}"[^>]*>([^<]*)<', stepper.header.value).group(1)
+
+    assert shown("rig-policy") == "regenerate" and shown("rig-action") == "continue"
+    assert 'title="retrieved: the segment stays and the answer goes on after the passages"' in stepper.header.value
+    stepper.next()
+    assert shown("rig-policy") == "regenerate" and shown("rig-action") == "regenerate"
+    assert "dropped and written again" in stepper.header.value
+    stepper.show(3)
+    assert shown("rig-action") == "accept"
+
+    controller = FakeController(result)
+    controller.policy = "continue"  # a live run: the controller's policy before any result exists
+    live = RoundStepper.live(controller, QUESTION)
+    assert 'class="rig-policy">continue<' in live.header.value and live.result is None
+    result.policy = ""
+    assert "rig-policy" not in summary.round_header_html(QUESTION, 0, 4, True, result.rounds)

@@ -15,7 +15,7 @@ WORDS = (
 ).split()
 
 
-def tiny_generator(seed: int = 0, use_cache: bool = True, layers: int = 2):
+def tiny_generator(seed: int = 0, use_cache: bool = True, layers: int = 2, device: str = "cpu", dtype: str = "float32"):
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -37,5 +37,5 @@ def tiny_generator(seed: int = 0, use_cache: bool = True, layers: int = 2):
         eos_token_id=0, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
         initializer_range=0.5,
     )
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval().to(device=device, dtype=getattr(torch, dtype))
     return HFGenerator(model, tokenizer, spec="tiny-random", source="test", use_cache=use_cache)

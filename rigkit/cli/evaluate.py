@@ -42,8 +42,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="skip the embedding-based faithfulness check")
     ev.add_argument("--no-traces", action="store_true", help="do not keep full traces")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    ev.add_argument("--concurrency", type=int, default=None,
+                    help="questions answered at once, each worker with its own generator "
+                    "(default: 1 in-process, 8 for a served model)")
+    ev.add_argument("--shard", help="i/n: only every n-th question from the i-th, to split one "
+                    "evaluation across machines (join with `rigkit eval-merge`)")
     ev.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     ev.set_defaults(func=_run_eval)
+
+    mg = subparsers.add_parser("eval-merge", help="join the folders of a sharded `rigkit eval`")
+    mg.add_argument("shards", nargs="+", help="the shards' --out folders")
+    mg.add_argument("--out", required=True, help="merged run folder (results, traces, report)")
+    mg.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    mg.set_defaults(func=_run_merge)
 
     rp = subparsers.add_parser("report", help="write DIR/report.html and DIR/report.md")
     rp.add_argument("dir", help="a run folder written by `rigkit eval`")
@@ -52,13 +63,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_decider_params, check_index, check_model_path, check_out
+    from rigkit.config import load_config
+    from rigkit.errors import InputError
     from rigkit.eval.experiment import evaluate
+    from rigkit.eval.runner import parse_shard
 
+    check_out(args.out)
+    check_model_path(args.model)
+    parse_shard(args.shard)
+    if args.concurrency is not None and args.concurrency < 1:
+        raise InputError("--concurrency must be at least 1")
+    for flag, path in (("--qa", args.qa), ("--config", args.config)):
+        if path and not Path(path).exists():
+            raise InputError(f"{flag} {path}: file not found")
+    config = load_config(args.config)  # checked here: before the model loads
+    check_decider_params(config.decider)
+    check_index(args.index or config.retrieval.index)
     summary = evaluate(
         args.qa, args.out, args.systems, index=args.index, config=args.config, runs=args.runs,
         limit=args.limit, layout=args.layout, split=args.split, model=args.model,
         faithfulness=not args.no_faithfulness, traces=not args.no_traces,
-        progress=not args.no_progress,
+        progress=not args.no_progress and not args.json, concurrency=args.concurrency,
+        shard=args.shard,
     )
     out = Path(args.out)
     if args.json:
@@ -69,6 +96,23 @@ def _run_eval(args: argparse.Namespace) -> int:
         print((out / "report.md").read_text(encoding="utf-8"))
         print(f"rigkit eval: {summary.written} answers written, {summary.skipped} already there, "
               f"{summary.errors} errors; report: {out / 'report.html'}", file=sys.stderr)
+    return 0
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_out
+    from rigkit.eval.report import write_report
+    from rigkit.eval.runner import merge_runs
+
+    check_out(args.out)
+    summary = merge_runs(args.out, args.shards)
+    path = write_report(args.out)
+    if args.json:
+        print(json.dumps({"results": str(summary.path), "rows": summary.written,
+                          "errors": summary.errors, "report": str(path)}))
+    else:
+        print(f"rigkit eval-merge: {summary.written} result lines from {len(args.shards)} shards "
+              f"in {summary.path}; report: {path}", file=sys.stderr)
     return 0
 
 

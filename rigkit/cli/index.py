@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     info = actions.add_parser("info", help="print an index's manifest")
     info.add_argument("dir")
     info.set_defaults(func=_info)
+    verify = actions.add_parser("verify", help="hash every file of an index against its manifest")
+    verify.add_argument("dir")
+    verify.set_defaults(func=_verify)
     _add_search(subparsers)
     _add_eval(subparsers)
 
@@ -51,6 +54,7 @@ def _add_build(actions) -> None:
     build.add_argument("--b", type=float, default=0.75)
     build.add_argument("--dense-index", default="flat", choices=("flat", "hnsw", "ivf"))
     build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
+    build.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     build.set_defaults(func=_build)
 
 
@@ -102,8 +106,12 @@ def _setup_logging() -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_out
     from rigkit.retrieval import Index
 
+    check_out(args.out)
+    if not Path(args.corpus).exists():
+        raise InputError(f"corpus not found: {args.corpus}")
     _setup_logging()
     started = time.perf_counter()
     index = Index.build(
@@ -118,6 +126,7 @@ def _build(args: argparse.Namespace) -> int:
         b=args.b,
         dense_index=args.dense_index,
         batch_size=args.batch_size,
+        progress=not args.no_progress and sys.stderr.isatty(),
     )
     m = index.manifest
     print(
@@ -137,11 +146,22 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search(args: argparse.Namespace) -> int:
+def _verify(args: argparse.Namespace) -> int:
     from rigkit.retrieval import Index
 
-    if not args.query.strip():
-        raise InputError("empty query")
+    index = Index.load(args.dir)
+    index.verify()
+    n = len(index.manifest["files"])
+    print(f"{args.dir}: {n} files match the manifest; {len(index.chunks)} chunks, BM25 and "
+          f"{index.dense().index.ntotal} vectors agree")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_text, safe_terminal
+    from rigkit.retrieval import Index
+
+    check_text(args.query, "the query")
     index = Index.load(args.dir, embedding_model=args.embedding_model)
     hits = index.retriever(args.mode, bm25_backend=args.bm25_backend).search(args.query, args.top_k)
     if args.json:
@@ -151,7 +171,8 @@ def _search(args: argparse.Namespace) -> int:
         why = "  ".join(f"{name} #{r} ({hit.scores[name]:.3f})" for name, r in hit.ranks.items())
         text = " ".join(hit.text.split())
         print(
-            f"{rank:>2}. [{hit.chunk_id}] {hit.title}\n    {why}\n    {text[:160]}{'...' if len(text) > 160 else ''}"
+            f"{rank:>2}. [{safe_terminal(hit.chunk_id)}] {safe_terminal(hit.title)}\n    {why}\n    "
+            f"{safe_terminal(text[:160])}{'...' if len(text) > 160 else ''}"
         )
     if not hits:
         print("no hits")

@@ -21,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build-labels", help="label closed-book segments of a QA set")
     p.add_argument("--qa", required=True, help="QA JSONL with gold answers and paragraphs")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
+    p.add_argument("--split", default=None,
+                   help="comma list of splits.json splits to label, e.g. train,dev (default: all)")
     p.add_argument("--out", required=True, help="labelled set to write (JSONL with a header)")
     p.add_argument("--rule", default="any", help="r1 | r2 | any | all (all are stored)")
     p.add_argument("--min-gain", type=float, default=0.5, help="r1: token-F1 gain that counts")
@@ -48,8 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="compare the classifier with the other deciders' scores")
     p.add_argument("--labels", required=True)
     p.add_argument("--model", required=True, help="trained trigger model file")
-    p.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    p.add_argument("--split", default=None, choices=["all", "train", "dev", "test"],
+                   help="segments to score (default: all when none of the labelled questions "
+                   "trained the model, e.g. labels of another data set; else test)")
     p.add_argument("--deciders", default="prob,entropy,keyword", help="baselines to score")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="question resamples for the AUCs' 95%% intervals (0: none)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--html", help="write the ROC / PR figure here (self-contained HTML)")
     p.add_argument("--end-effect", type=int, default=0, metavar="N",
                    help="also run RIG on N test questions with classifier vs prob decider")
@@ -58,28 +65,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)
 
+    p = sub.add_parser("cross", help="train on one data set's labels, score on another's, both ways",
+                       description="Does a learned trigger generalise? Trains a classifier on each "
+                       "labelled set (its train split, threshold on its dev split), scores it on its "
+                       "own test split and on every question of the other set, beside the deciders.")
+    p.add_argument("--labels", required=True, nargs=2, metavar=("A", "B"),
+                   help="two labelled sets from different data sets")
+    p.add_argument("--features", default="probability,embedding",
+                   help="comma list of probability, embedding, hidden")
+    p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
+    p.add_argument("--rule", default=None, help="train and score on another stored rule's labels")
+    p.add_argument("--deciders", default="prob,entropy,keyword", help="baselines to score")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="question resamples for the AUCs' 95%% intervals (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="also write the JSON result here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cross)
+
 
 def _log(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+def _check_exists(path: str, flag: str) -> None:
+    from rigkit.errors import InputError
+
+    if not Path(path).exists():
+        raise InputError(f"{flag} {path}: file not found")
+
+
 def _build_labels(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_model_path, check_out
     from rigkit.config import load_config
-    from rigkit.generation import load_generator
+    from rigkit.generation import generator_from_config
     from rigkit.trigger.labels import agreement, build_labels, resumable
 
+    check_out(args.out, "file")
+    check_model_path(args.model)
+    _check_exists(args.qa, "--qa")
     config = load_config(args.config)
     if args.model or args.max_answer_tokens:
         config = config.override(
             generator={"model": args.model, "max_answer_tokens": args.max_answer_tokens}
         )
-    generator = load_generator(config.generator.model)
+    generator = generator_from_config(config.generator)  # device, dtype, backend
     resume = None if args.fresh else resumable(args.out, args.qa, generator)
     if resume is not None:
         _log(f"resuming {args.out}: {len(resume.meta.get('done_qids', []))} questions already labelled")
+    splits = [s.strip() for s in args.split.split(",") if s.strip()] if args.split else None
     labels = build_labels(args.qa, generator, config, limit=args.limit, rule=args.rule,
                           hidden=not args.no_hidden, min_gain=args.min_gain,
-                          checkpoint=args.out, resume=resume)
+                          checkpoint=args.out, resume=resume, progress=not args.json, splits=splits)
     labels.save(args.out)
     summary = {"out": args.out, "segments": len(labels), "positives": labels.positives,
                "rule": labels.rule, "questions": labels.meta.get("questions"),
@@ -93,10 +130,13 @@ def _build_labels(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_out
     from rigkit.trigger.features import parse_feature_sets
     from rigkit.trigger.labelset import load_labels
     from rigkit.trigger.model import save_trigger, train_trigger
 
+    check_out(args.out, "file")
+    _check_exists(args.labels, "--labels")
     labels = load_labels(args.labels)
     model = train_trigger(labels, features=parse_feature_sets(args.features), model=args.model,
                           rule=args.rule, seed=args.seed, set_dir=args.set_dir)
@@ -120,7 +160,8 @@ def _eval(args: argparse.Namespace) -> int:
     labels = load_labels(args.labels)
     model = load_trigger(args.model)
     deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
-    report = evaluate_trigger(labels, model, deciders=deciders, split=args.split)
+    report = evaluate_trigger(labels, model, deciders=deciders, split=args.split,
+                              bootstrap=args.bootstrap, seed=args.seed)
     out = report.to_dict()
     if {"r1", "r2"} <= set(labels.rows[0].rules):
         out["agreement"] = agreement(labels)
@@ -141,10 +182,38 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cross(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_out
+    from rigkit.files import atomic_write_text
+    from rigkit.trigger.evaluate import cross_set, cross_set_table
+    from rigkit.trigger.features import parse_feature_sets
+    from rigkit.trigger.labelset import load_labels
+
+    for path in args.labels:
+        _check_exists(path, "--labels")
+    if args.out:
+        check_out(args.out, "file")
+    first, second = (load_labels(p) for p in args.labels)
+    deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
+    result = cross_set(first, second, features=parse_feature_sets(args.features), model=args.model,
+                       rule=args.rule, deciders=deciders, bootstrap=args.bootstrap, seed=args.seed)
+    result["labels"] = list(args.labels)
+    if args.out:
+        atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(cross_set_table(result))
+        for name, run in result["runs"].items():
+            for note in run["notes"]:
+                print(f"note ({name}): {note}")
+    return 0
+
+
 def _end_effect(args, labels, model):
     from rigkit.config import load_config
     from rigkit.errors import InputError
-    from rigkit.generation import load_generator
+    from rigkit.generation import generator_from_config
     from rigkit.retrieval import open_retriever
     from rigkit.trigger.endeffect import end_effect
 
@@ -162,6 +231,6 @@ def _end_effect(args, labels, model):
         corpus = Path(qa).with_name("corpus.jsonl")  # the QA set's own paragraph corpus
         if corpus.exists():
             config = config.override(retrieval={"corpus": str(corpus)})
-    generator = load_generator(config.generator.model)
+    generator = generator_from_config(config.generator)  # device, dtype, backend
     retriever = open_retriever(config.retrieval)
     return end_effect(records, model.path, generator, retriever, config)

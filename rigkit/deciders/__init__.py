@@ -8,14 +8,16 @@ paper it follows: marker (Toolformer-style), prob (FLARE), entropy (DRAGIN RIND)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rigkit.config import DeciderConfig
-from rigkit.deciders.base import Decider, DecisionState
+from rigkit.deciders.base import DEFAULT_POLICY, POLICIES, Decider, DecisionState, decider_policy
 from rigkit.deciders.baselines import AlwaysRetrieve, EveryNTokens, NeverRetrieve
+from rigkit.deciders.classifier import ClassifierDecider, TriggerScorer
 from rigkit.deciders.compare import compare_deciders
 from rigkit.deciders.composite import CompositeDecider
 from rigkit.deciders.entities import EntityChecklist
@@ -28,6 +30,11 @@ from rigkit.errors import InputError
 __all__ = [
     "Decider",
     "DecisionState",
+    "POLICIES",
+    "DEFAULT_POLICY",
+    "decider_policy",
+    "TriggerScorer",
+    "ClassifierDecider",
     "DECIDERS",
     "build_decider",
     "compare_deciders",
@@ -45,7 +52,7 @@ __all__ = [
 
 class _Registry(Mapping):
     """name -> class; entries given as "module:Class" are imported on first access, so a missing
-    optional module (the trained classifier) does not break `import rigkit.deciders`."""
+    optional module does not break `import rigkit.deciders`."""
 
     def __init__(self, entries: dict[str, type | str]):
         self._entries = dict(entries)
@@ -78,7 +85,7 @@ DECIDERS: _Registry = _Registry(
         "prob": ProbabilityDecider,
         "entropy": EntropyDecider,
         "keyword": KeywordDecider,
-        "classifier": "rigkit.deciders.classifier:ClassifierDecider",
+        "classifier": ClassifierDecider,
         "composite": CompositeDecider,
         "always": AlwaysRetrieve,
         "every_n": EveryNTokens,
@@ -88,21 +95,26 @@ DECIDERS: _Registry = _Registry(
 )
 
 
-_MODEL_KEYS = ("trigger_model", "model_path", "path")
+TriggerLoader = Callable[..., TriggerScorer]
 
 
-def build_decider(config: DeciderConfig, generator: object | None = None) -> Decider:
+def build_decider(
+    config: DeciderConfig, generator: object | None = None, load_trigger: TriggerLoader | None = None
+) -> Decider:
     """The decider `config` describes; the entity-checklist options wrap it.
 
     `config.threshold` None keeps the decider's default; `config.params` go to its constructor
     as keyword arguments. The generator is passed to deciders whose constructor takes one.
+    A classifier's `trigger_model` file is opened with `load_trigger(path, **params it takes)`
+    (`rigkit.build.build_decider` passes `rigkit.trigger.load_trigger`): the deciders do not
+    depend on the training code.
     """
     if config.name not in DECIDERS:
         raise InputError(f"unknown decider {config.name!r}; known: {', '.join(DECIDERS)}")
     if config.name == "composite":
         if not config.members:
             raise InputError("decider 'composite' needs members (decider.members in the config)")
-        members = [build_decider(m, generator) for m in config.members]
+        members = [build_decider(m, generator, load_trigger) for m in config.members]
         kwargs: dict[str, Any] = {
             "members": members, "combine": config.combine, "weights": config.weights,
         }
@@ -114,17 +126,29 @@ def build_decider(config: DeciderConfig, generator: object | None = None) -> Dec
         return decider
     else:
         cls = DECIDERS[config.name]
-        extra = {}
-        if config.trigger_model:  # the classifier's model file, under whichever name it takes
-            params = inspect.signature(cls).parameters
-            key = next((k for k in _MODEL_KEYS if k in params), "trigger_model")
-            extra[key] = config.trigger_model
+        extra: dict[str, Any] = {}
+        if config.trigger_model:
+            config, extra["model"] = _load_model(config, load_trigger)
         decider = _construct(cls, config, extra, generator)
     if config.entity_checklist or config.skip_if_no_entity:
         decider = EntityChecklist(
             decider, checklist=config.entity_checklist, skip_if_no_entity=config.skip_if_no_entity
         )
     return decider
+
+
+def _load_model(config: DeciderConfig, load_trigger: TriggerLoader | None):
+    """(config without the loader's params, the loaded model)."""
+    if load_trigger is None:
+        raise InputError(
+            f"decider {config.name!r} reads a trained model ({config.trigger_model}); build it with "
+            "rigkit.build.build_decider, which loads the file, or pass the loaded model as model="
+        )
+    accepted = inspect.signature(load_trigger).parameters
+    mine = {k: v for k, v in config.params.items() if k in accepted and k != "generator"}
+    rest = {k: v for k, v in config.params.items() if k not in mine}
+    model = load_trigger(config.trigger_model, **mine)
+    return dataclasses.replace(config, params=rest), model
 
 
 def _construct(cls: type, config: DeciderConfig, kwargs: dict[str, Any], generator) -> Decider:

@@ -1,18 +1,31 @@
-"""The `Decider` extension point: judge after each segment whether to retrieve now."""
+"""The `Decider` extension point: judge after each segment whether to retrieve now.
+
+A decider also declares what the loop does with the segment that made it fire (`policy`):
+- "continue": keep the segment, inject the passages after it and go on (IRCoT / FS-RAG, FL-RAG,
+  markers: the sentence stays and the next one reads the new passages);
+- "regenerate": drop the segment and write it again with the passages in context (FLARE's
+  look-ahead: the flagged sentence is only a draft of what to search for).
+A decider that declares nothing gets `DEFAULT_POLICY`; a run may override it
+(`controller.policy` in the config, `--policy` on `rigkit ask`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from rigkit.trace import Decision, Hit, Segment
+from rigkit.errors import InputError
+from rigkit.trace import Decision, Hit, Query, Segment
 
-__all__ = ["Decider", "DecisionState"]
+__all__ = ["Decider", "DecisionState", "POLICIES", "DEFAULT_POLICY", "decider_policy"]
+
+POLICIES = ("continue", "regenerate")
+DEFAULT_POLICY = "regenerate"
 
 
 @dataclass
 class DecisionState:
-    """What a decider may know besides the segment itself."""
+    """What a decider (and the query builder after it) may know besides the segment itself."""
 
     question: str
     draft: str = ""  # accepted answer text before this segment
@@ -21,10 +34,25 @@ class DecisionState:
     retrievals_done: int = 0
     tokens_since_retrieval: int = 0  # generated tokens since the last retrieval, this segment included
     generator: object | None = None  # the generator, for deciders that need model internals
+    segments: list[Segment] = field(default_factory=list)  # accepted segments before this one
+    last_query: Query | None = None  # the previous retrieval's query, if any
+    last_hits: list[Hit] = field(default_factory=list)  # ... and what it found
 
 
 @runtime_checkable
 class Decider(Protocol):
-    """`decide(segment, state) -> Decision` with `Decision.score` in [0, 1]."""
+    """`decide(segment, state) -> Decision` with `Decision.score` in [0, 1].
+
+    Optional class attribute: `policy` ("continue" | "regenerate", see the module docstring).
+    """
 
     def decide(self, segment: Segment, state: DecisionState) -> Decision: ...
+
+
+def decider_policy(decider: object) -> str:
+    """The policy `decider` declares (`DEFAULT_POLICY` when it declares none), validated."""
+    policy = getattr(decider, "policy", None) or DEFAULT_POLICY
+    if policy not in POLICIES:
+        name = getattr(decider, "name", type(decider).__name__)
+        raise InputError(f"decider {name!r} declares policy {policy!r}; use one of {POLICIES}")
+    return policy

@@ -5,6 +5,8 @@
   length baseline of Ram et al. 2023 / FLARE), read from `state.tokens_since_retrieval`.
 - `never`: closed-book.
 An empty segment (the model ended with nothing new) is never a reason to retrieve.
+`always` and `every_n` keep the sentence and continue with the new passages (policy "continue"),
+as the published methods do; rewriting it would spend every round on the first sentence.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class AlwaysRetrieve:
     """Retrieve after every non-empty segment."""
 
     name = "always"
+    policy = "continue"  # IRCoT / FS-RAG keep each sentence and write the next with the passages
 
     def __init__(self, threshold: float | None = None):
         self.threshold = threshold  # accepted for a uniform constructor; unused
@@ -42,6 +45,9 @@ class EveryNTokens:
     """
 
     name = "every_n"
+    policy = "continue"  # FL-RAG keeps the window and continues with the passages
+    unit = "tokens"
+    score_threshold = 1.0  # score = share of the interval elapsed: retrieve at 1
 
     def __init__(self, n: int = 32, threshold: float | None = None):
         if threshold is not None:  # DeciderConfig.threshold may carry N
@@ -64,6 +70,8 @@ class EveryNTokens:
             f"{since} tokens since last retrieval, {verb} n={self.n}",
             decider=self.name,
             threshold=self.threshold,
+            unit=self.unit,
+            score_threshold=self.score_threshold,
             evidence={"tokens_since_retrieval": since},
         )
 
@@ -72,6 +80,7 @@ class NeverRetrieve:
     """Never retrieve (closed-book baseline)."""
 
     name = "never"
+    policy = "regenerate"  # never fires: the policy is never used
 
     def __init__(self, threshold: float | None = None):
         self.threshold = threshold

@@ -1,82 +1,107 @@
 """The classifier decider: a trained retrieval-trigger model thresholds its probability.
 
-The model file (see `rigkit.trigger`) says which features it needs; this decider computes exactly
-those for each segment: the question comes from `DecisionState.question`, hidden states from the
-generator (`generator=` here, else `state.generator`). `Decision.score` is the model's
-probability, so it compares with the other deciders on the same labels by ROC / PR.
+The decider is given its model (`TriggerScorer`); it does not load files itself, so the
+deciders never depend on the training code. `rigkit.trigger.TriggerModel` is such a scorer
+(`rigkit.trigger.trigger_decider(path)` loads one and builds this decider; `rigkit.build`
+does the same for `--decider classifier --trigger-model FILE`). The question comes from
+`DecisionState.question`, hidden states from the generator (`generator=` here, else
+`state.generator`). `Decision.score` is the model's probability, so it compares with the other
+deciders on the same labels by ROC / PR.
 
-Threshold: an explicit `threshold` wins; with none, the threshold chosen on the dev split and
-stored in the model file is used; a file without one falls back to 0.7 (the issue's default).
+Threshold: an explicit `threshold` wins; with none, the threshold the scorer carries (chosen on
+the dev split and stored in the model file) is used; a scorer without one falls back to 0.7.
+Spans: the low-probability content tokens (below the scorer's `low_prob`), each widened to the
+whole words it touches, with character offsets, so a masked query removes exactly them.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from rigkit.deciders.base import DecisionState
+from rigkit.deciders.probability import content_tokens
+from rigkit.deciders.spans import word_spans
 from rigkit.errors import InputError
-from rigkit.trace import Decision, Segment, Span
+from rigkit.generation.protocol import SupportsHiddenStates
+from rigkit.trace import Decision, Segment
 
-__all__ = ["ClassifierDecider", "DEFAULT_THRESHOLD"]
+__all__ = ["ClassifierDecider", "TriggerScorer", "DEFAULT_THRESHOLD"]
 
 DEFAULT_THRESHOLD = 0.7
 
 
+@runtime_checkable
+class TriggerScorer(Protocol):
+    """A trained "does this segment need retrieval?" model, as the decider sees it."""
+
+    threshold: float | None  # the cut chosen on dev, or None
+    low_prob: float  # a content token below this probability is a triggering span
+    needs_hidden: bool  # whether `probability` needs the generator's hidden state
+    name: str  # shown in the decision's evidence (e.g. the model file's name)
+    feature_sets: tuple[str, ...]  # what the model reads, shown in the evidence
+
+    def probability(self, question: str, segment: Segment, hidden: Sequence[float] | None) -> float:
+        """p(needs retrieval) for `segment` of an answer to `question`."""
+        ...
+
+    def check_generator(self, generator: Any) -> None:
+        """Raise a clear error when `generator` cannot give what the model needs."""
+        ...
+
+
 class ClassifierDecider:
-    """`ClassifierDecider("trigger.skops")`: retrieve when p(needs retrieval) >= threshold."""
+    """`ClassifierDecider(scorer)`: retrieve when p(needs retrieval) >= threshold."""
 
     name = "classifier"
+    policy = "regenerate"  # a flagged sentence is written again from the passages, as FLARE
+    unit = "probability"
 
     def __init__(
         self,
-        model_path: str | Path | None = None,
+        model: TriggerScorer | None = None,
         threshold: float | None = None,
         generator: Any | None = None,
-        embedder: Any | None = None,
-        model: Any | None = None,
     ):
-        from rigkit.trigger.features import FeatureExtractor
-        from rigkit.trigger.model import check_generator, load_trigger
-
         if model is None:
-            if not model_path:
-                raise InputError(
-                    "the classifier decider needs a trained model file: --trigger-model FILE "
-                    "(train one with `rigkit trigger train`)"
-                )
-            model = load_trigger(model_path)
+            raise InputError(
+                "the classifier decider needs a trained model file: --trigger-model FILE "
+                "(train one with `rigkit trigger train`)"
+            )
+        if not isinstance(model, TriggerScorer):
+            raise InputError(
+                f"the classifier decider is given a loaded trigger model, not {type(model).__name__}: "
+                "use rigkit.trigger.trigger_decider(path) or ClassifierDecider(load_trigger(path))"
+            )
         self.model = model
         self.generator = generator
         if generator is not None:
-            check_generator(model.spec, generator)
-        stored = getattr(model, "threshold", None)
+            model.check_generator(generator)
+        stored = model.threshold
         self.threshold = float(
             threshold if threshold is not None else stored if stored is not None else DEFAULT_THRESHOLD
         )
         self.threshold_source = (
             "given" if threshold is not None else "model file (dev)" if stored is not None else "default"
         )
-        self.extractor = FeatureExtractor(model.spec, embedder)
         self._checked = generator is not None
 
-    def decide(self, segment: Segment, state: DecisionState) -> Decision:
-        from rigkit.trigger.features import FeatureInput, content_mask
+    @property
+    def score_threshold(self) -> float:
+        return self.threshold
 
+    def decide(self, segment: Segment, state: DecisionState) -> Decision:
         if not segment.text.strip():
-            return Decision(False, 0.0, "empty segment", decider=self.name, threshold=self.threshold)
-        hidden = self._hidden(segment, state) if "hidden" in self.model.spec.sets else None
-        X = self.extractor.transform([FeatureInput(state.question, segment, hidden)])
-        score = float(self.model.predict_proba(X)[0])
+            return Decision(False, 0.0, "empty segment", decider=self.name, threshold=self.threshold,
+                            unit=self.unit, score_threshold=self.score_threshold)
+        hidden = self._hidden(segment, state) if self.model.needs_hidden else None
+        score = float(self.model.probability(state.question, segment, hidden))
         retrieve = score >= self.threshold
-        low = self.model.spec.low_prob
-        mask = content_mask(segment.tokens)
-        spans = [
-            Span(i, i + 1, tok.strip(), score=1.0 - math.exp(lp))
-            for i, (tok, lp, m) in enumerate(zip(segment.tokens, segment.logprobs, mask, strict=False))
-            if m and math.exp(lp) < low
-        ]
+        low = self.model.low_prob
+        flagged = [i for i in content_tokens(segment) if math.exp(segment.logprobs[i]) < low] \
+            if len(segment.logprobs) == len(segment.tokens) else []
+        spans = word_spans(segment, flagged, [1.0 - math.exp(lp) for lp in segment.logprobs])
         verb = ">=" if retrieve else "<"
         return Decision(
             retrieve=retrieve,
@@ -84,20 +109,22 @@ class ClassifierDecider:
             reason=f"trigger classifier p={score:.2f} {verb} threshold {self.threshold:.2f}",
             decider=self.name,
             threshold=self.threshold,
+            unit=self.unit,
+            score_threshold=self.score_threshold,
             intents=[s.text for s in spans],
             spans=spans,
             evidence={
-                "features": list(self.model.spec.sets),
-                "model_file": Path(self.model.path).name if self.model.path else None,
+                "features": list(self.model.feature_sets),
+                "model_file": self.model.name or None,
                 "threshold_source": self.threshold_source,
             },
         )
 
     def _hidden(self, segment: Segment, state: DecisionState) -> list[float]:
-        from rigkit.trigger.model import check_generator
-
         generator = self.generator or state.generator
         if not self._checked:
-            check_generator(self.model.spec, generator)
+            self.model.check_generator(generator)
             self._checked = self.generator is not None
-        return list(generator.segment_hidden_state(segment))  # type: ignore[union-attr]
+        if not isinstance(generator, SupportsHiddenStates):  # check_generator let it through
+            raise InputError(f"{type(generator).__name__} cannot produce hidden states")
+        return list(generator.segment_hidden_state(segment))

@@ -29,8 +29,13 @@ def compare_deciders(
     Plain segments are judged as consecutive segments of one answer to `question` (with
     `passages` in context); results bring their own question, drafts and passages. The row's
     `"decisions"` holds the `Decision` objects; the other keys are JSON-able.
-    Pass `generator` only to judge the segment it generated last: `segment_attention` (entropy
-    decider) reads its KV cache, so older segments would get another segment's attention.
+    `generator` is what the deciders may ask for model internals: without one, the entropy
+    decider scores the entropy alone (its reason says "no model attached") unless a segment
+    carries its attention already (`segment.attention`, kept by whichever decider fetched it).
+    With one, it must give attention (`SupportsAttention`) or the entropy decider refuses it in
+    one line, unless built with `use_attention=False`. Pass it only to judge the segment it
+    generated last: `segment_attention` reads its KV cache, so older segments would get another
+    segment's attention.
     """
     items = (
         [segments_or_results]

@@ -4,6 +4,7 @@
 - `all`: retrieve if every member does; score = min of member scores.
 - `vote`: weighted share of members voting to retrieve, compared with `threshold` (default 0.5);
   score = weighted mean of member scores.
+Policy: "continue" when any member continues (see `CompositeDecider.policy`), else "regenerate".
 With `lazy=True` (default) members run in order and stop as soon as the outcome is fixed: under
 `all`, a cheap first member that says no spares the expensive second (e.g. DRAGIN's extra
 attention pass). Skipped members are listed in `evidence["skipped"]` and do not enter the score,
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rigkit.deciders.base import Decider, DecisionState
+from rigkit.deciders.base import Decider, DecisionState, decider_policy
+from rigkit.deciders.spans import merge_spans
 from rigkit.trace import Decision, Segment
 
 __all__ = ["CompositeDecider"]
@@ -47,6 +49,16 @@ class CompositeDecider:
         self.threshold = threshold
         self.lazy = lazy and combine != "vote"
 
+    @property
+    def policy(self) -> str:
+        """"continue" when any member continues, else "regenerate".
+
+        A continuing member (a marker, IRCoT's every-sentence baseline) relies on its segment
+        staying in the transcript; regenerating it would throw away what that member acted on.
+        """
+        policies = {decider_policy(m) for m in self.members}
+        return "continue" if "continue" in policies else "regenerate"
+
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
         results: list[tuple[int, Decision]] = []
         for i, member in enumerate(self.members):
@@ -77,8 +89,9 @@ class CompositeDecider:
             reason=f"{self.combine} of [{summary}]" + (f", skipped {skipped}" if skipped else ""),
             decider=self.name,
             threshold=self.threshold if self.combine == "vote" else None,
+            unit="vote share" if self.combine == "vote" else "",
             intents=_unique(x for d in fired for x in d.intents),
-            spans=[s for d in fired for s in d.spans],
+            spans=merge_spans(segment, [s for d in fired for s in d.spans]),
             extra_forward_passes=sum(d.extra_forward_passes for d in decisions),
             evidence=_merged_evidence(names, decisions, skipped),
         )

@@ -2,7 +2,7 @@
 
 Multi-hop questions name several things ("Who was born first, the director of X or of Y?");
 a generation-signal decider may fire for X and never for Y. The checklist parses the question's
-entities once (names, titles, codes, dates, numbers: `rigkit.deciders.text.question_entities`),
+entities once (names, titles, codes, dates, numbers: `rigkit.text.question_entities`),
 counts one as covered when an injected passage mentions it, and keeps asking for retrieval,
 with the uncovered entities as intents, while any is not covered. With `skip_if_no_entity`,
 segments that mention no entity at all (no question entity, no fact-shaped string) never
@@ -12,8 +12,8 @@ It wraps another decider (`inner`) or, alone, acts as a decider of its own ("ent
 
 from __future__ import annotations
 
-from rigkit.deciders.base import Decider, DecisionState
-from rigkit.deciders.text import fact_words, mentions, passage_mentions, question_entities
+from rigkit.deciders.base import Decider, DecisionState, decider_policy
+from rigkit.text import fact_words, mentions, passage_mentions, question_entities
 from rigkit.trace import Decision, Segment
 
 __all__ = ["EntityChecklist"]
@@ -36,6 +36,12 @@ class EntityChecklist:
         self.skip_if_no_entity = skip_if_no_entity
         self.threshold = threshold
         self._cache: tuple[str, list[str]] = ("", [])
+
+    @property
+    def policy(self) -> str:
+        """The wrapped decider's policy; alone, "continue" (the checklist asks for what is
+        missing; the sentence written so far stays)."""
+        return decider_policy(self.inner) if self.inner is not None else "continue"
 
     def entities(self, question: str) -> list[str]:
         if self._cache[0] != question:

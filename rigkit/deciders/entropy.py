@@ -7,10 +7,16 @@ largest attention any later token of the segment (the token itself included, as 
 column max) pays to it in the last layer. As in DRAGIN's code the attentions are normalised to
 mean 1 over the segment, so RIND keeps the scale of the entropy and one threshold serves both
 modes. Concessions:
-- attention comes from `generator.segment_attention(segment)`: the segment's own tokens only,
+- attention comes from `segment.attention` when a decider already fetched it, else from
+  `generator.segment_attention(segment)` (`SupportsAttention`): the segment's own tokens only,
   one extra eager forward pass through the KV cache (a full-sequence eager pass is quadratic:
-  PITFALLS 7). When the generator offers no such method (scripted or HTTP backends) RIND is the
-  entropy alone; when it offers one and it fails, the error propagates (no silent fallback).
+  PITFALLS 7). There is no silent fallback to entropy alone: a generator without that
+  capability (a served model, a scripted one) is a one-line error naming the decider, and so
+  is an in-process model that returns no attention; its own errors propagate.
+- entropy alone (RIND with a_i = 1) only when asked for: `use_attention=False`
+  (`decider.params.use_attention: false`, the mode for served models), or when no generator is
+  attached at all (stored segments scored offline, e.g. trigger evaluation). The reason says
+  which ("entropy only, as configured" / "entropy only, no model attached").
 - DRAGIN's query formulation (QFS) attends from the trigger token over the whole context; here
   over the segment's earlier words. They are stored in `evidence["attended_words"]` for the
   `attention` query mode, which adds the question's key terms itself.
@@ -22,7 +28,10 @@ from __future__ import annotations
 import math
 
 from rigkit.deciders.base import DecisionState
-from rigkit.deciders.text import is_stop, spans_from_tokens, split_words, token_words
+from rigkit.deciders.spans import spans_from_tokens, token_words
+from rigkit.errors import InputError, RigkitError
+from rigkit.generation.protocol import SupportsAttention
+from rigkit.text import is_stop, split_words
 from rigkit.trace import Decision, Segment
 
 __all__ = ["EntropyDecider"]
@@ -32,6 +41,13 @@ class EntropyDecider:
     """DRAGIN-style RIND: entropy x attention for content tokens; retrieve above `threshold`."""
 
     name = "entropy"
+    policy = "regenerate"  # DRAGIN regenerates from the triggering point with the passages
+    unit = "nats"
+
+    @property
+    def score_threshold(self) -> float:
+        """score = 1 - exp(-max RIND), so RIND > t is score > 1 - exp(-t)."""
+        return 1.0 - math.exp(-self.threshold)
 
     def __init__(self, threshold: float = 2.0, use_attention: bool = True, top_words: int = 5):
         if threshold < 0:
@@ -50,9 +66,9 @@ class EntropyDecider:
         if not any(content):
             why = "empty segment" if not segment.text.strip() else "no content words"
             return Decision(
-                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold
+                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold
             )
-        attention, passes = self._attention(segment, state)
+        attention, passes, mode = self._attention(segment, state)
         weights = _column_max(attention) if attention is not None else [1.0] * n
         total = sum(weights)
         weights = [w * n / total for w in weights] if total > 0 else [1.0] * n
@@ -65,7 +81,6 @@ class EntropyDecider:
             if attention is not None
             else []
         )
-        mode = "entropy x attention" if attention is not None else "entropy only"
         if flagged:
             listed = ", ".join(f"{s.text!r}" for s in spans[:4])
             reason = f"RIND ({mode}) above {self.threshold:g} at {listed}"
@@ -76,7 +91,7 @@ class EntropyDecider:
             score=1.0 - math.exp(-rind[trigger]),
             reason=reason,
             decider=self.name,
-            threshold=self.threshold,
+            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=[s.text for s in spans],
             spans=spans,
             extra_forward_passes=passes,
@@ -91,22 +106,38 @@ class EntropyDecider:
 
     def _attention(
         self, segment: Segment, state: DecisionState
-    ) -> tuple[list[list[float]] | None, int]:
-        """The segment's (n, n) attention and the forward passes spent getting it."""
+    ) -> tuple[list[list[float]] | None, int, str]:
+        """The segment's (n, n) attention, the forward passes spent getting it, and the mode."""
         if not self.use_attention:
-            return None, 0
+            return None, 0, "entropy only, as configured"
+        generator = state.generator
         if segment.attention is not None:
             attention, passes = segment.attention, 0
+        elif generator is None:
+            return None, 0, "entropy only, no model attached"
+        elif not isinstance(generator, SupportsAttention):
+            raise InputError(
+                f"decider 'entropy' needs the model's attention weights, which {_named(generator)} cannot "
+                "give; use an in-process model, or entropy alone "
+                "with decider.params.use_attention: false"
+            )
         else:
-            method = getattr(state.generator, "segment_attention", None)
-            if not callable(method):
-                return None, 0
-            attention, passes = method(segment), 1  # errors propagate on purpose
+            attention, passes = generator.segment_attention(segment), 1  # its errors propagate
+            if not attention and segment.tokens:
+                raise RigkitError(
+                    f"decider 'entropy': {_named(generator)} returned no attention weights for the segment (the attention pass must run eager: "
+                    "SDPA gives none); set decider.params.use_attention: false for entropy alone"
+                )
             segment.attention = attention
         n = len(segment.tokens)
         if len(attention) != n or any(len(row) != n for row in attention):
             raise ValueError(f"attention must be ({n}, {n}) for this segment")
-        return attention, passes
+        return attention, passes, "entropy x attention"
+
+
+def _named(generator: object) -> str:
+    spec = getattr(generator, "spec", "")
+    return f"{type(generator).__name__} ({spec})" if spec else type(generator).__name__
 
 
 def _column_max(attention: list[list[float]]) -> list[float]:

@@ -15,14 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from rigkit.deciders.base import DecisionState
-from rigkit.deciders.text import (
-    char_span,
-    fact_words,
-    has_cjk,
-    load_word_list,
-    mentions,
-    passage_mentions,
-)
+from rigkit.deciders.spans import char_span
+from rigkit.text import fact_words, has_cjk, load_word_list, mentions, passage_mentions
 from rigkit.trace import Decision, Segment
 
 __all__ = ["KeywordDecider", "load_cues"]
@@ -40,6 +34,12 @@ class KeywordDecider:
     """Hedging cues and unsupported fact-shaped tokens; see the module docstring."""
 
     name = "keyword"
+    policy = "regenerate"  # the unsupported claim is written again from the passages
+    unit = "score"
+
+    @property
+    def score_threshold(self) -> float:
+        return self.threshold
 
     def __init__(
         self,
@@ -62,7 +62,7 @@ class KeywordDecider:
         if not text.strip():
             return Decision(
                 False, 0.0, "empty segment: nothing to judge", decider=self.name,
-                threshold=self.threshold,
+                threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             )
         cue_hits = self._cues_in(text)
         facts = fact_words(text) if self.check_facts else []
@@ -90,7 +90,7 @@ class KeywordDecider:
             score=score,
             reason=reason,
             decider=self.name,
-            threshold=self.threshold,
+            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=[f.text for f in unsupported],
             spans=spans,
             evidence={

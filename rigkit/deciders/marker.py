@@ -1,17 +1,19 @@
 """Marker decider: the model asks for retrieval itself by writing `<retrieve>need</retrieve>`
 (Toolformer-style in-text calls; the system prompt tells it to do so only when a needed fact is
-missing). Parsing, including full-width variants and markers cut at the token limit, lives in
-`rigkit.markers`.
+missing), or the tags of another marker protocol (`search-r1`'s `<search>`, `r1-searcher`,
+`self-rag`'s `[Retrieval]`). Parsing, including full-width variants and markers cut at the token
+limit, lives in `rigkit.markers`.
 
-Score: 1.0 for a marker with a phrase (closed, or cut at the token limit), 0.75 for a tag cut
-off before any phrase (the model meant to ask but the need is unknown), 0.0 for none.
+Score: 1.0 for a marker with a phrase (closed, or cut at the token limit) and for a complete
+single-token marker (`[Retrieval]`, which carries no phrase), 0.75 for a tag cut off before any
+phrase (the model meant to ask but the need is unknown), 0.0 for none.
 """
 
 from __future__ import annotations
 
 from rigkit.deciders.base import DecisionState
-from rigkit.deciders.text import char_span
-from rigkit.markers import find_markers
+from rigkit.deciders.spans import char_span
+from rigkit.markers import Marker, MarkerProtocol, find_markers, marker_evidence, resolve_protocol
 from rigkit.trace import Decision, Segment
 
 __all__ = ["MarkerDecider"]
@@ -21,23 +23,33 @@ class MarkerDecider:
     """Retrieve when the segment holds a retrieval marker; its phrases become the intents."""
 
     name = "marker"
+    policy = "continue"  # the model's own request stays; the answer goes on after the passages
+    unit = "score"
 
-    def __init__(self, tag: str = "retrieve", threshold: float = 0.5):
-        self.tag = tag
+    @property
+    def score_threshold(self) -> float:
+        return self.threshold
+
+    def __init__(
+        self, tag: str = "retrieve", threshold: float = 0.5, protocol: str | MarkerProtocol | None = None
+    ):
+        # a preset name, a protocol file or object; `tag` alone is an openrig-style <tag>
+        self.protocol = resolve_protocol(protocol, tag)  # validated now, not mid-run
+        self.tag = self.protocol.tag  # the <word> of word-tag protocols, None for literal tags
         self.threshold = threshold
-        find_markers("", tag)  # validates the tag now, not mid-run
 
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
-        markers = find_markers(segment.text, self.tag)
+        protocol = self.protocol
+        markers = find_markers(segment.text, protocol)
         if not markers:
             return Decision(
-                False, 0.0, f"no <{self.tag}> marker", decider=self.name, threshold=self.threshold
+                False, 0.0, f"no {protocol.open} marker", decider=self.name, threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold
             )
-        spans = [char_span(segment, m.start, m.end, 1.0 if m.phrase else 0.75) for m in markers]
+        spans = [char_span(segment, m.start, m.end, _score(m, protocol)) for m in markers]
         score = max(s.score for s in spans)
         phrases = [m.phrase for m in markers if m.phrase]
         cut = sum(not m.closed for m in markers)
-        reason = f"{len(markers)} <{self.tag}> marker(s)" + (
+        reason = f"{len(markers)} {protocol.open} marker(s)" + (
             f", {cut} cut at the token limit" if cut else ""
         )
         if phrases:
@@ -47,8 +59,14 @@ class MarkerDecider:
             score=score,
             reason=reason,
             decider=self.name,
-            threshold=self.threshold,
+            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=phrases,
             spans=spans,
-            evidence={"markers": [m._asdict() for m in markers], "tag": self.tag},
+            evidence={"markers": [m._asdict() for m in markers], **marker_evidence(protocol)},
         )
+
+
+def _score(marker: Marker, protocol: MarkerProtocol) -> float:
+    if marker.phrase or (marker.closed and not protocol.close):
+        return 1.0
+    return 0.75

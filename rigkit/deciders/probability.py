@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 
 from rigkit.deciders.base import DecisionState
-from rigkit.deciders.text import is_stop, spans_from_tokens, split_words, token_words
+from rigkit.deciders.spans import spans_from_tokens, token_words
+from rigkit.text import is_stop, split_words
 from rigkit.trace import Decision, Segment
 
 __all__ = ["ProbabilityDecider", "content_tokens"]
@@ -34,6 +35,13 @@ class ProbabilityDecider:
     """Retrieve when a content token's probability is below `threshold` (FLARE's θ)."""
 
     name = "prob"
+    policy = "regenerate"  # FLARE: the flagged sentence is rewritten with the passages
+    unit = "probability"
+
+    @property
+    def score_threshold(self) -> float:
+        """score = 1 - lowest content-token probability, so p < θ is score > 1 - θ."""
+        return 1.0 - self.threshold
 
     def __init__(self, threshold: float = 0.3):
         if not 0.0 <= threshold <= 1.0:
@@ -49,7 +57,7 @@ class ProbabilityDecider:
         if not content:
             why = "empty segment" if not segment.text.strip() else "no content words"
             return Decision(
-                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold
+                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold
             )
         probs = [math.exp(lp) for lp in segment.logprobs]
         low = [i for i in content if probs[i] < self.threshold]
@@ -69,7 +77,7 @@ class ProbabilityDecider:
             score=score,
             reason=reason,
             decider=self.name,
-            threshold=self.threshold,
+            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=[s.text for s in spans],
             spans=spans,
             evidence={

@@ -16,12 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METRICS", "GroupStats", "aggregate", "percentile", "stage_names"]
+__all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "stage_names"]
 
 # (key in a result line, column label, format). The order is the report's column order.
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("em", "EM", "{:.3f}"),
     ("f1", "F1", "{:.3f}"),
+    ("em_extracted", "EM (extracted)", "{:.3f}"),
+    ("f1_extracted", "F1 (extracted)", "{:.3f}"),
     ("cover_em", "Cover EM", "{:.3f}"),
     ("support_recall", "Support recall", "{:.3f}"),
     ("support_recall_pid", "Support recall (pid)", "{:.3f}"),
@@ -34,9 +36,16 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("forward_passes", "Forward passes", "{:.0f}"),
     ("extra_model_calls", "Extra calls", "{:.2f}"),
     ("citation_precision", "Citation precision", "{:.3f}"),
-    ("faithful", "Faithful share", "{:.3f}"),
+    ("all_sentences_supported", "All sentences supported", "{:.3f}"),
+    ("sentence_support_share", "Sentence support share", "{:.3f}"),
     ("latency", "Latency s", "{:.2f}"),
 )
+
+# Shares of a count, pooled over a run's questions (sum / sum) rather than averaged per question:
+# a per-sentence figure must weigh a five-sentence answer five times a one-sentence answer.
+POOLED: dict[str, tuple[str, str]] = {
+    "sentence_support_share": ("supported_sentences", "answer_sentences"),
+}
 
 ALL_TYPES = "all"
 
@@ -50,6 +59,9 @@ class GroupStats:
     questions: int
     runs: int
     errors: int = 0
+    retrieval_error_rounds: int = 0  # rounds whose retrieval failed (recorded, not raised)
+    retrieval_failed: int = 0  # answers whose every retrieval failed: left out of the means
+    policies: list[str] = field(default_factory=list)  # continue / regenerate, as the runs used
     mean: dict[str, float | None] = field(default_factory=dict)
     spread: dict[str, float | None] = field(default_factory=dict)  # std of run means
     latency_p50: float | None = None
@@ -86,19 +98,34 @@ def stage_names(rows: Iterable[dict[str, Any]]) -> list[str]:
     return list(names)
 
 
+def _run_value(rows: list[dict[str, Any]], key: str) -> float | None:
+    """One run's figure for `key`: the mean over questions where defined, or a pooled share."""
+    if key in POOLED:
+        part, whole = POOLED[key]
+        pairs = [(_value(r, part), _value(r, whole)) for r in rows]
+        pairs = [(p, w) for p, w in pairs if p is not None and w]
+        return sum(p for p, _ in pairs) / sum(w for _, w in pairs) if pairs else None
+    values = [v for v in (_value(r, key) for r in rows) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def _group(system: str, qtype: str, rows: list[dict[str, Any]], stages: list[str]) -> GroupStats:
-    good = [r for r in rows if not r.get("error")]
+    answered = [r for r in rows if not r.get("error")]
+    good = [r for r in answered if not r.get("retrieval_failed")]
     by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in good:
         by_run[int(row.get("run", 0))].append(row)
     stats = GroupStats(system, qtype, questions=len({r["id"] for r in rows}), runs=len(by_run),
-                       errors=len(rows) - len(good))
+                       errors=len(rows) - len(answered),
+                       retrieval_error_rounds=sum(len(r.get("retrieval_errors") or []) for r in answered),
+                       retrieval_failed=len(answered) - len(good),
+                       policies=sorted({r["policy"] for r in answered if r.get("policy")}))
     for key, _, _ in METRICS:
         run_means = []
         for run_rows in by_run.values():
-            values = [v for v in (_value(r, key) for r in run_rows) if v is not None]
-            if values:
-                run_means.append(statistics.fmean(values))
+            value = _run_value(run_rows, key)
+            if value is not None:
+                run_means.append(value)
         stats.mean[key] = statistics.fmean(run_means) if run_means else None
         stats.spread[key] = statistics.stdev(run_means) if len(run_means) > 1 else None
     latencies = [float(r["latency"]) for r in good if r.get("latency") is not None]

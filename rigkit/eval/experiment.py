@@ -21,7 +21,7 @@ from rigkit.config import RunConfig, load_config
 from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, write_report
-from rigkit.eval.runner import RunSummary, run_eval
+from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
 from rigkit.eval.systems import LAYOUTS, build_systems, parse_systems
 from rigkit.files import atomic_write_text
 
@@ -74,7 +74,7 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return meta
     old = json.loads(path.read_text(encoding="utf-8"))
-    for key in ("config", "qa", "split"):
+    for key in ("config", "qa", "split", "shard"):
         if old.get(key) != meta.get(key):
             raise InputError(
                 f"{folder} holds an evaluation with a different {key}; resume with the same "
@@ -126,8 +126,16 @@ def evaluate(
     traces: bool = True,
     progress: bool = True,
     report: bool = True,
+    concurrency: int | None = None,
+    shard: str | tuple[int, int] | None = None,
+    generator_factory: Any = None,
 ) -> RunSummary:
     """Run `systems` on the questions of `qa` into `out` (resumable) and write the report.
+
+    `concurrency`: worker threads, each with its own generator (None: 1 in-process, 8 when the
+    generator is a served model; `generator_factory()` makes a worker's generator when
+    `generator` is passed in). `shard="i/n"`: only every n-th question from the i-th; join
+    the shards' folders with `merge_runs`.
 
     `generator` / `retriever` may be passed in (e.g. rigkit.testing's scripted parts); otherwise
     they are loaded from the config (`--config`), with `index` overriding `retrieval.index` and
@@ -137,7 +145,10 @@ def evaluate(
         raise InputError("--runs must be at least 1")
     specs = parse_systems(systems)
     cfg = _resolve_config(config, index, layout, model)
-    items = load_questions(qa, split, limit)
+    shard = parse_shard(shard) if isinstance(shard, str) else shard
+    items = shard_items(load_questions(qa, split, limit), shard)
+    if not items:
+        raise InputError(f"shard {shard[0]}/{shard[1]} holds no questions; use fewer shards")
     if split != "test" and any(s.decider == "classifier" for s in specs):
         print("rigkit eval: warning: a classifier decider evaluated outside the test split may "
               "have been trained on these questions", file=sys.stderr)
@@ -149,6 +160,7 @@ def evaluate(
         "index": str(index) if index is not None else cfg.retrieval.index,
         "config_file": None if isinstance(config, RunConfig) or config is None else str(config),
         "config": cfg.to_dict(), "systems": [s.name for s in specs], "runs": runs,
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         "question_ids": [q.id for q in items], "dataset": items[0].dataset,
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
@@ -158,8 +170,18 @@ def evaluate(
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
     built = build_systems(specs, cfg, generator, retriever)
     scorer = FaithfulnessScorer() if faithfulness else None
+    if concurrency is None:
+        concurrency = 8 if cfg.generator.backend == "openai" else 1
+
+    def worker_systems():  # each worker its own generator: its own KV cache or HTTP session
+        from rigkit.generation.loading import generator_from_config
+
+        own = generator_factory() if generator_factory else generator_from_config(cfg.generator)
+        return build_systems(specs, cfg, own, retriever)
+
     summary = run_eval(items, built, folder, runs=runs, base_seed=cfg.generator.seed,
-                       faithfulness=scorer, traces=traces, progress=progress)
+                       faithfulness=scorer, traces=traces, progress=progress,
+                       concurrency=concurrency, worker_systems=worker_systems)
     if report:
         write_report(folder)
     return summary

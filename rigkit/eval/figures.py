@@ -9,9 +9,16 @@ from typing import Any
 
 from rigkit.eval.aggregate import ALL_TYPES, GroupStats
 
-__all__ = ["accuracy_figure", "latency_figure", "retrievals_figure", "scatter_figure"]
+__all__ = ["accuracy_figure", "latency_figure", "retrievals_figure", "scatter_figure",
+           "support_figure", "retrieval_errors_figure", "has_support_metrics", "has_retrieval_errors",
+           "SUPPORT"]
 
-_ACCURACY = (("em", "EM"), ("f1", "F1"), ("cover_em", "Cover EM"))
+# Raw EM first and the extracted short answer's EM beside it, never instead of it.
+_ACCURACY = (("em", "EM"), ("em_extracted", "EM (extracted)"), ("f1", "F1"), ("cover_em", "Cover EM"))
+# Citation and support metrics, named as the result lines name them (see rigkit.eval.metrics).
+SUPPORT = (("citation_precision", "Citation precision"),
+           ("all_sentences_supported", "All sentences supported (per question)"),
+           ("sentence_support_share", "Sentence support share (per sentence)"))
 
 
 def _go():
@@ -76,10 +83,13 @@ def latency_figure(groups: list[GroupStats], stages: list[str]) -> Any:
 
 
 def retrievals_figure(rows: list[dict[str, Any]]) -> Any:
-    """Histogram of retrievals per answer, one colour per system (integer bins)."""
+    """Histogram of retrievals per answer, one colour per system (integer bins).
+
+    A failed retrieval is not a retrieval, and an answer whose every retrieval failed is not a RIG
+    answer: both stay out, as they do of the tables (see `retrieval_errors_figure`)."""
     go, _ = _go()
     fig = go.Figure()
-    good = [r for r in rows if not r.get("error")]
+    good = [r for r in rows if not r.get("error") and not r.get("retrieval_failed")]
     for system in dict.fromkeys(r["system"] for r in good):
         values = [int(r.get("retrievals") or 0) for r in good if r["system"] == system]
         fig.add_histogram(x=values, name=system, xbins={"start": -0.5, "size": 1})
@@ -109,3 +119,46 @@ def scatter_figure(groups: list[GroupStats]) -> Any:
     fig.update_layout(height=420, title="Accuracy (F1) vs retrievals per question",
                       xaxis_title="retrievals per question (mean)", yaxis_title="F1")
     return fig
+
+
+def support_figure(groups: list[GroupStats]) -> Any:
+    """Grouped bars per system: citation precision, all sentences supported, sentence support share.
+
+    Only the metrics some system defines are drawn (closed-book answers cite nothing)."""
+    go, _ = _go()
+    overall = [g for g in groups if g.type == ALL_TYPES]
+    fig = go.Figure()
+    for key, label in SUPPORT:
+        values = [g.mean.get(key) for g in overall]
+        if all(v is None for v in values):
+            continue
+        fig.add_bar(x=[g.system for g in overall], y=values, name=label,
+                    error_y=_error_bars([g.spread.get(key) for g in overall]),
+                    hovertemplate="%{x}: %{y:.3f}<extra>" + label + "</extra>")
+    fig.update_layout(barmode="group", height=400, yaxis_range=[0, 1], yaxis_title="share",
+                      title="Citations and support (against the passages in context when written)",
+                      legend_title="metric")
+    return fig
+
+
+def retrieval_errors_figure(groups: list[GroupStats]) -> Any:
+    """Bars per system: rounds whose retrieval failed, and answers whose every retrieval failed."""
+    go, _ = _go()
+    overall = [g for g in groups if g.type == ALL_TYPES]
+    systems = [g.system for g in overall]
+    fig = go.Figure()
+    fig.add_bar(x=systems, y=[g.retrieval_error_rounds for g in overall], name="rounds with retrieval errors")
+    fig.add_bar(x=systems, y=[g.retrieval_failed for g in overall],
+                name="answers with every retrieval failed (left out of the tables)")
+    fig.update_layout(barmode="group", height=380, title="Retrieval errors (all runs)",
+                      yaxis_title="count", legend_title="")
+    return fig
+
+
+def has_support_metrics(groups: list[GroupStats]) -> bool:
+    """Whether any system defines a citation / support metric (a figure would not be empty)."""
+    return any(g.mean.get(key) is not None for g in groups for key, _ in SUPPORT)
+
+
+def has_retrieval_errors(groups: list[GroupStats]) -> bool:
+    return any(g.retrieval_error_rounds or g.retrieval_failed for g in groups if g.type == ALL_TYPES)

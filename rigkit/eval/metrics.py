@@ -1,55 +1,47 @@
 """Per-question metrics for RIG evaluation, all pure functions of a `RIGResult` and its gold data.
 
-Answer quality follows the SQuAD / HotpotQA evaluation script that 2WikiMultihopQA and MuSiQue
-reuse: lowercase, strip punctuation and English articles, collapse whitespace; exact match (EM)
-and token F1, maximised over the gold answer and its aliases; a yes/no gold (or prediction)
-scores F1 only when both agree, as in HotpotQA. Chinese text is scored per character, the
-usual CMRC / DuReader concession since it has no spaces. Because small chat models answer in
-sentences, `cover_em` (the gold's tokens appear contiguously in the prediction, the "accuracy" of
-Self-RAG and DRAGIN's tables) is reported beside the strict scores.
+Answer quality (`rigkit.eval.answers`): EM and F1 exactly as the official SQuAD v1.1 / HotpotQA
+scripts that 2WikiMultihopQA and MuSiQue reuse, maximised over the gold answer and its aliases;
+Chinese golds per character; the same two scores on the short answer `extract_answer` takes out
+of the reply (`em_extracted`, `f1_extracted`), beside the raw ones, never instead; and
+`cover_em` (the gold's tokens appear contiguously in the reply, the "accuracy" of Self-RAG and
+DRAGIN's tables).
 
 Retrieval-side figures come from the trace: which passages were injected (supporting-paragraph
 recall by title, and by paragraph id where the data has them, which is the stricter measure
 for MuSiQue), how often the decider fired, what was pre-filled versus reused from the KV cache,
-and how many extra model calls the decider and query builder cost. Faithfulness is a cheap
-embedding check, not an entailment model: an answer sentence whose best cosine similarity to
-any cited passage is below a threshold counts as unsupported.
+and how many extra model calls the decider and query builder cost.
+
+Sentence support is a cheap embedding check, not an entailment model. Each answer sentence is
+compared with every passage that was in context when it was written (the trace records them per
+sentence), not with the passages it cites: citations are chosen *because* they overlap with the
+sentence, so scoring against them would be circular. A sentence is supported when its best cosine
+similarity reaches a threshold; a sentence written before any passage was in context is not.
+Two figures, named for what they count: `all_sentences_supported` (per question: every sentence
+is supported) and `sentence_support_share` (per sentence: supported / all, pooled over sentences
+by the aggregation).
 """
 
 from __future__ import annotations
 
-import re
-import string
-import unicodedata
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rigkit.citations import attribute
+from rigkit.eval.answers import cover_match, exact_match, extract_answer, token_f1
+from rigkit.text import find_citations, split_sentences, strip_citations
 from rigkit.trace import Hit, RIGResult
 
 __all__ = [
     "QAItem",
-    "normalize_answer",
-    "answer_tokens",
-    "strip_citations",
-    "exact_match",
-    "token_f1",
-    "cover_match",
     "injected_passages",
     "support_recall",
     "citation_precision",
-    "split_sentences",
     "FaithfulnessScorer",
+    "sentence_support",
     "score_result",
 ]
-
-_CITATION = re.compile(r"\[\[\s*citation\s*:\s*([^\]]*?)\s*\]\]", re.IGNORECASE)
-_CJK_CHAR = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff"
-_TOKEN = re.compile(rf"[{_CJK_CHAR}]|[^\s{_CJK_CHAR}]+")
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])")
-_YES_NO = {"yes", "no", "noanswer"}
 
 
 @dataclass(frozen=True)
@@ -97,59 +89,6 @@ class QAItem:
         )
 
 
-def strip_citations(text: str) -> str:
-    """The answer without `[[citation:ID]]` marks (they are not part of what is scored)."""
-    return re.sub(r"\s{2,}", " ", _CITATION.sub("", text)).strip()
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lowercase, no punctuation (any Unicode P*), no English articles."""
-    text = strip_citations(text).lower()
-    text = "".join(" " if unicodedata.category(ch).startswith("P") or ch in string.punctuation
-                   else ch for ch in text)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
-def answer_tokens(text: str) -> list[str]:
-    """Normalised tokens: whitespace words, except that every CJK character is its own token."""
-    return _TOKEN.findall(normalize_answer(text))
-
-
-def exact_match(prediction: str, golds: Sequence[str]) -> float:
-    pred = answer_tokens(prediction)
-    return float(any(pred == answer_tokens(g) for g in golds if g))
-
-
-def _f1(pred: list[str], gold: list[str]) -> float:
-    pred_norm, gold_norm = " ".join(pred), " ".join(gold)
-    # HotpotQA's rule: a yes/no answer is right or wrong, never partly right.
-    if (pred_norm in _YES_NO or gold_norm in _YES_NO) and pred_norm != gold_norm:
-        return 0.0
-    common = Counter(pred) & Counter(gold)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred), same / len(gold)
-    return 2 * precision * recall / (precision + recall)
-
-
-def token_f1(prediction: str, golds: Sequence[str]) -> float:
-    pred = answer_tokens(prediction)
-    return max((_f1(pred, answer_tokens(g)) for g in golds if g), default=0.0)
-
-
-def _contains(haystack: list[str], needle: list[str]) -> bool:
-    n = len(needle)
-    return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
-
-
-def cover_match(prediction: str, golds: Sequence[str]) -> float:
-    """1.0 if some gold answer's tokens occur contiguously in the prediction."""
-    pred = answer_tokens(prediction)
-    return float(any(_contains(pred, answer_tokens(g)) for g in golds if g))
-
-
 def injected_passages(result: RIGResult) -> list[Hit]:
     """Distinct passages the context manager actually added, in order (not merely retrieved)."""
     seen: dict[str, Hit] = {}
@@ -189,7 +128,7 @@ def support_recall(hits: Iterable[Hit], item: QAItem) -> tuple[float | None, flo
 
 def citation_precision(result: RIGResult, item: QAItem, hits: Sequence[Hit]) -> float | None:
     """Share of cited chunks that contain a gold answer or are a supporting paragraph."""
-    cited = list(dict.fromkeys(result.citations or _CITATION.findall(result.answer)))
+    cited = list(dict.fromkeys(result.citations or find_citations(result.answer)))
     if not cited:
         return None
     by_id: dict[str, Hit] = {}
@@ -203,20 +142,13 @@ def citation_precision(result: RIGResult, item: QAItem, hits: Sequence[Hit]) -> 
             continue  # a citation of nothing in context is a wrong citation
         supporting = hit.title in item.supporting_titles or bool(
             _hit_pids(hit) & set(item.supporting_pids))
-        text = answer_tokens(f"{hit.title}. {hit.text}")
-        if supporting or any(_contains(text, answer_tokens(g)) for g in item.golds if g):
+        if supporting or cover_match(f"{hit.title}. {hit.text}", item.golds):
             good += 1
     return good / len(cited)
 
 
-def split_sentences(text: str) -> list[str]:
-    """Answer sentences (terminal punctuation + space, or CJK 。！？), citations removed."""
-    parts = _SENTENCE_END.split(strip_citations(text))
-    return [p.strip() for p in parts if any(ch.isalnum() for ch in p)]
-
-
 class FaithfulnessScorer:
-    """Counts answer sentences with no similar passage: best cosine similarity < `threshold`.
+    """Sentence support: best cosine similarity to a passage in context >= `threshold`.
 
     `embedder` is anything with SentenceTransformer's `encode(texts, normalize_embeddings=True)`;
     by default `rigkit.embeddings.load_embedder()` (loaded on first use).
@@ -234,24 +166,54 @@ class FaithfulnessScorer:
             self._embedder = load_embedder()
         return self._embedder
 
-    def __call__(self, answer: str, passages: Sequence[Hit]) -> dict[str, Any]:
+    def __call__(
+        self, answer: str, passages: Sequence[Hit], visible: Sequence[Sequence[str] | None] | None = None
+    ) -> dict[str, Any]:
+        """Support of each sentence of `answer` by `passages`.
+
+        `visible[i]`: chunk ids in context when sentence i was written (None: all `passages`);
+        without `visible` every passage counts for every sentence.
+        """
         sentences = split_sentences(answer)
+        if visible is not None and len(visible) != len(sentences):
+            raise ValueError(f"{len(sentences)} sentences but {len(visible)} visibility lists")
         if not passages or not sentences:
-            return {"answer_sentences": len(sentences), "unsupported_sentences": None,
-                    "faithful": None}
+            return {"answer_sentences": len(sentences), "supported_sentences": None,
+                    "all_sentences_supported": None, "sentence_support_share": None}
         import numpy as np
 
         texts = [f"{p.title}. {p.text}" for p in passages]
         vectors = np.asarray(self.embedder.encode(sentences + texts, normalize_embeddings=True))
         sims = vectors[: len(sentences)] @ vectors[len(sentences) :].T  # (sentences, passages)
-        unsupported = int((sims.max(axis=1) < self.threshold).sum())
-        return {"answer_sentences": len(sentences), "unsupported_sentences": unsupported,
-                "faithful": unsupported == 0}
+        index = {p.chunk_id: j for j, p in enumerate(passages)}
+        supported = 0
+        for i in range(len(sentences)):
+            ids = None if visible is None else visible[i]
+            cols = list(range(len(passages))) if ids is None else [index[c] for c in ids if c in index]
+            supported += bool(cols) and float(sims[i, cols].max()) >= self.threshold
+        return {"answer_sentences": len(sentences), "supported_sentences": supported,
+                "all_sentences_supported": supported == len(sentences),
+                "sentence_support_share": supported / len(sentences)}
+
+
+def sentence_support(result: RIGResult, scorer: FaithfulnessScorer) -> dict[str, Any]:
+    """`scorer` on the result's answer against what each sentence could see when written.
+
+    Results from traces older than version 2 record no visibility: every injected passage counts.
+    """
+    answer = strip_citations(result.answer)
+    passages = injected_passages(result)
+    attributions = result.attributions or attribute(answer, passages)  # old: all visible
+    if [a.text for a in attributions] != split_sentences(answer):
+        raise ValueError("the result's attributions do not match its answer's sentences")
+    return scorer(answer, passages, [a.visible for a in attributions])
 
 
 def _tokens_injected(result: RIGResult) -> int:
     """Passage tokens put into context: up-front passages (plain RAG) plus every injection."""
     added = sum(r.injection.tokens_added for r in result.rounds if r.injection)
+    if result.upfront is not None:  # recorded by the context manager (traces since budgets matched)
+        return added + result.upfront.tokens_added
     if not result.rounds:
         return added
     first = result.rounds[0]
@@ -274,7 +236,7 @@ def _trace_counts(result: RIGResult) -> dict[str, Any]:
         "tokens_injected": _tokens_injected(result),
         "tokens_generated": generated,
         "tokens_prefilled": int(tokens.get("prefilled", 0)),
-        "tokens_reused": int(tokens.get("reused", 0)),
+        "tokens_reused": None if tokens.get("reused", 0) is None else int(tokens.get("reused", 0)),  # None: server did not say
         # One decode step per generated token (the first also pre-fills), plus decider passes.
         "forward_passes": generated + extra_passes,
         "extra_forward_passes": extra_passes,
@@ -300,9 +262,13 @@ def score_result(
     hits = injected_passages(result)
     by_title, by_pid = support_recall(hits, item)
     answer = strip_citations(result.answer)
+    short = extract_answer(answer, item.question)
     record: dict[str, Any] = {
         "em": exact_match(answer, item.golds),
         "f1": token_f1(answer, item.golds),
+        "em_extracted": exact_match(short, item.golds),
+        "f1_extracted": token_f1(short, item.golds),
+        "extracted_answer": short,
         "cover_em": cover_match(answer, item.golds),
         "support_recall": by_title,
         "support_recall_pid": by_pid,
@@ -311,7 +277,6 @@ def score_result(
         **_trace_counts(result),
         "timings": _stage_timings(result),
     }
-    cited = [h for h in hits if h.chunk_id in set(result.citations)] or hits
     if faithfulness is not None:
-        record.update(faithfulness(answer, cited))
+        record.update(sentence_support(result, faithfulness))
     return record

@@ -25,11 +25,12 @@ __all__ = ["META_FILE", "load_run", "report_tables", "markdown_report", "report_
            "write_report"]
 
 META_FILE = "meta.json"
-QUALITY = ("em", "f1", "cover_em", "support_recall", "support_recall_pid", "citation_precision",
-           "faithful")
+QUALITY = ("em", "f1", "em_extracted", "f1_extracted", "cover_em", "support_recall",
+           "support_recall_pid", "citation_precision", "all_sentences_supported",
+           "sentence_support_share")
 COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
         "tokens_reused", "forward_passes", "extra_model_calls", "latency")
-BY_TYPE = ("em", "f1", "cover_em", "support_recall", "retrievals", "latency")
+BY_TYPE = ("em", "f1", "em_extracted", "cover_em", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
 
@@ -60,7 +61,10 @@ def _metric_table(groups: list[GroupStats], keys: tuple[str, ...], with_type: bo
               *(_LABEL[k] for k in keys)]
     rows = []
     for g in groups:
-        lead = [g.system, *([g.type] if with_type else []), str(g.questions), str(g.runs)]
+        # answers whose every retrieval failed are left out of the figures, and the row says so
+        name = g.system + (f" (⚠ {g.retrieval_failed} answers: every retrieval failed, left out)"
+                           if g.retrieval_failed else "")
+        lead = [name, *([g.type] if with_type else []), str(g.questions), str(g.runs)]
         rows.append(lead + [_cell(g, k) for k in keys])
     return header, rows
 
@@ -69,9 +73,11 @@ def _latency_table(groups: list[GroupStats], stages: list[str]) -> Table:
     def fmt(v: float | None) -> str:
         return "–" if v is None else f"{v:.2f}"
 
-    header = ["System", *(f"{s} (s)" for s in stages), "p50 (s)", "p95 (s)", "Errors"]
-    rows = [[g.system, *(fmt(g.stages.get(s)) for s in stages), fmt(g.latency_p50),
-             fmt(g.latency_p95), str(g.errors)] for g in groups]
+    header = ["System", "Policy", *(f"{s} (s)" for s in stages), "p50 (s)", "p95 (s)", "Errors",
+              "Rounds with retrieval errors", "Answers with every retrieval failed"]
+    rows = [[g.system, "/".join(g.policies) or "–", *(fmt(g.stages.get(s)) for s in stages),
+             fmt(g.latency_p50), fmt(g.latency_p95), str(g.errors), str(g.retrieval_error_rounds),
+             str(g.retrieval_failed)] for g in groups]
     return header, rows
 
 
@@ -124,7 +130,8 @@ def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 
 def report_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The four plotly figures, by title (plotly imported here, never by the core)."""
+    """The plotly figures, by title (plotly imported here, never by the core): four always, plus
+    citations / support and retrieval errors when the rows have them."""
     from rigkit.eval import figures
 
     groups = aggregate(rows)
@@ -134,6 +141,11 @@ def report_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
             [g for g in groups if g.type == ALL_TYPES], stage_names(rows)),
         "Retrievals per question": figures.retrievals_figure(rows),
         "Accuracy vs retrievals": figures.scatter_figure(groups),
+        # drawn only when they would show something: a run without citations or errors has none
+        **({"Citations and support": figures.support_figure(groups)}
+           if figures.has_support_metrics(groups) else {}),
+        **({"Retrieval errors": figures.retrieval_errors_figure(groups)}
+           if figures.has_retrieval_errors(groups) else {}),
     }
 
 

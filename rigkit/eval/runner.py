@@ -1,11 +1,20 @@
 """Run systems over questions and stream one JSON line per question x system x run, resumably.
 
-The results file is the evaluation's only state. Each line is appended, flushed and fsync'ed as
-soon as its answer is scored, so killing the process loses at most the answer in flight. On
-start the runner repairs a torn last line (a kill can cut one mid-write: the partial bytes are
-dropped, every complete line is kept), reads the (question id, system, run) keys already there
-and skips them. A line that recorded an error is retried on the next start; readers keep the last
-line per key. A lock file stops two processes from appending to one folder.
+The results file is the evaluation's only state. Each answer writes its full trace line, then its
+result line, each flushed and fsync'ed, so killing the process loses at most the answer in
+flight. On start the runner repairs a torn last line of either file (a kill can cut one
+mid-write: the partial bytes are dropped, every complete line is kept), reads the (question id,
+system, run) keys already in the results and skips them, and rewrites the traces file without
+the traces of keys that have no good result (a kill between the two writes leaves one) and
+without repeats, so after any kill and resume each key has exactly one trace and one result.
+A line that recorded an error is retried on the next start; readers keep the last line per key.
+A lock file stops two processes from appending to one folder.
+
+Concurrency: `concurrency` worker threads answer questions, each with its own systems (its own
+controller and generator state, `worker_systems()`); only the calling thread writes, so lines
+never interleave. Workers share the process's random generators, so sampled (temperature > 0)
+answers are reproducible only with `concurrency=1`; greedy ones are the same either way. Sharding: `shard=(i, n)` takes every n-th question from the i-th (1-based), so
+n machines split one question file; `merge_runs` joins their folders.
 
 Seeds: run r uses seed `base_seed + r` for every answer (the controller reseeds the generator
 with it at each question), so a resumed run samples exactly what an uninterrupted one would.
@@ -21,7 +30,7 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +38,12 @@ from typing import Any
 from rigkit.errors import InputError, RigkitError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem, score_result
 from rigkit.eval.systems import System
+from rigkit.files import fault_point, write_jsonl_atomic
 from rigkit.trace import RIGResult
 
 __all__ = ["RESULTS_FILE", "TRACES_FILE", "ResultsFile", "RunSummary", "read_results",
-           "result_key", "summarize_result", "run_eval"]
+           "read_traces", "result_key", "summarize_result", "run_eval", "shard_items",
+           "parse_shard", "merge_runs"]
 
 RESULTS_FILE = "results.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -82,10 +93,28 @@ class ResultsFile:
 
     def append(self, row: dict[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False) + "\n"
+        step = f"eval:{self.path.stem}"  # fault points for the kill test: eval:results:written...
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line)
             fh.flush()
+            fault_point(f"{step}:written")
             os.fsync(fh.fileno())
+        fault_point(f"{step}:fsync")
+
+    def keep_only(self, wanted: set[tuple[str, str, int]]) -> int:
+        """Rewrite the file atomically with the last line of each wanted key; returns lines dropped."""
+        rows = list(self.rows())
+        latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for row in rows:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                key = result_key(row)
+                if key in wanted:
+                    latest.pop(key, None)
+                    latest[key] = row
+        if len(latest) == len(rows):
+            return 0
+        write_jsonl_atomic(self.path, latest.values())
+        return len(rows) - len(latest)
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
@@ -101,6 +130,37 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
     return list(latest.values())
 
 
+def read_traces(path: str | Path) -> list[dict[str, Any]]:
+    """Full traces of a run folder, one per key that has a result line (last written wins)."""
+    folder = Path(path)
+    keys = {result_key(r) for r in read_results(folder)}
+    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for row in ResultsFile(folder / TRACES_FILE).rows():
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            if result_key(row) in keys:
+                latest.pop(result_key(row), None)
+                latest[result_key(row)] = row
+    return list(latest.values())
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """"2/4" -> (2, 4): the second of four shards; None passes through."""
+    if text is None:
+        return None
+    i, sep, n = str(text).partition("/")
+    if not sep or not i.strip().isdigit() or not n.strip().isdigit() or not 1 <= int(i) <= int(n):
+        raise InputError(f"--shard {text!r}: expected i/n with 1 <= i <= n, e.g. 1/4")
+    return int(i), int(n)
+
+
+def shard_items(items: Sequence[QAItem], shard: tuple[int, int] | None) -> list[QAItem]:
+    """Every n-th question from the i-th: shards are disjoint and together hold all questions."""
+    if shard is None:
+        return list(items)
+    i, n = shard
+    return [q for k, q in enumerate(items) if k % n == i - 1]
+
+
 def summarize_result(result: RIGResult) -> dict[str, Any]:
     """The compact trace kept in a result line (the full trace goes to traces.jsonl)."""
     return {
@@ -108,6 +168,10 @@ def summarize_result(result: RIGResult) -> dict[str, Any]:
         "citations": list(result.citations),
         "tokens": dict(result.tokens),
         "low_confidence": result.low_confidence,
+        "policy": result.policy,
+        "retrieval_errors": list(result.errors),
+        # every retrieval this answer tried failed: it is not a RIG answer, and is reported apart
+        "retrieval_failed": bool(result.errors) and result.used_retrieval_times == 0,
         "rounds": [
             {
                 "i": r.index,
@@ -195,12 +259,18 @@ def _progress(total: int, initial: int, enabled: bool):
 
 def run_eval(items: Sequence[QAItem], systems: Sequence[System], out_dir: str | Path,
              runs: int = 1, base_seed: int = 0, faithfulness: FaithfulnessScorer | None = None,
-             traces: bool = True, progress: bool = True) -> RunSummary:
+             traces: bool = True, progress: bool = True, concurrency: int = 1,
+             worker_systems: Callable[[], Sequence[System]] | None = None) -> RunSummary:
     """Answer every (run, question, system) not yet in `out_dir/results.jsonl`.
 
     Order is run-major, then question, then system, so a partial evaluation still compares all
-    systems on the same questions.
+    systems on the same questions. With `concurrency` > 1, `worker_systems()` builds each extra
+    worker's own systems (same names, own generator state); answers finish in any order.
     """
+    if concurrency < 1:
+        raise InputError("--concurrency must be at least 1")
+    if concurrency > 1 and worker_systems is None:
+        raise InputError("concurrent evaluation needs a way to build each worker's systems")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / RESULTS_FILE)
@@ -211,27 +281,117 @@ def run_eval(items: Sequence[QAItem], systems: Sequence[System], out_dir: str | 
             print(f"rigkit eval: dropped a torn last line ({dropped} bytes) from {out}",
                   file=sys.stderr)
         done = {result_key(r) for r in read_results(results.path) if not r.get("error")}
+        trace_file.keep_only(done)  # traces of unfinished answers are redone with them
         plan = [(run, item, system) for run in range(runs) for item in items for system in systems]
         todo = [p for p in plan if (p[1].id, p[2].name, p[0]) not in done]
         summary = RunSummary(results.path, len(plan), len(plan) - len(todo), 0, 0)
-        streak = 0
+        writer = _Writer(results, trace_file if traces else None, summary)
         with _progress(len(plan), summary.skipped, progress) as bar:
-            for run, item, system in todo:
-                bar.set_postfix_str(f"run {run} {system.name}", refresh=False)
-                row, result = _answer_row(system, item, run, base_seed + run, faithfulness)
-                if result is not None and traces:
-                    trace_file.append({"id": item.id, "system": system.name, "run": run,
-                                       "result": result.to_dict()})
-                results.append(row)
-                summary.written += 1
+            for row, result in _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
+                bar.set_postfix_str(f"run {row['run']} {row['system']}", refresh=False)
+                writer.write(row, result)
                 bar.update(1)
-                if row["error"]:
-                    summary.errors += 1
-                    streak += 1
-                    print(f"rigkit eval: {system.name} failed on {item.id}: {row['error']}",
-                          file=sys.stderr)
-                    if streak >= MAX_CONSECUTIVE_ERRORS:
-                        raise RigkitError(f"{streak} answers in a row failed; last: {row['error']}")
-                else:
-                    streak = 0
     return summary
+
+
+class _Writer:
+    """The one place lines are written: trace first, then result, then the error streak."""
+
+    def __init__(self, results: ResultsFile, traces: ResultsFile | None, summary: RunSummary):
+        self.results, self.traces, self.summary, self.streak = results, traces, summary, 0
+
+    def write(self, row: dict[str, Any], result: RIGResult | None) -> None:
+        if result is not None and self.traces is not None:
+            self.traces.append({"id": row["id"], "system": row["system"], "run": row["run"],
+                                "result": result.to_dict()})
+        self.results.append(row)
+        self.summary.written += 1
+        if not row["error"]:
+            self.streak = 0
+            return
+        self.summary.errors += 1
+        self.streak += 1
+        print(f"rigkit eval: {row['system']} failed on {row['id']}: {row['error']}", file=sys.stderr)
+        if self.streak >= MAX_CONSECUTIVE_ERRORS:
+            raise RigkitError(f"{self.streak} answers in a row failed; last: {row['error']}")
+
+
+def _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
+    """(row, result) per planned answer: in plan order in-process, in finishing order with workers."""
+    if concurrency == 1:
+        for run, item, system in todo:
+            yield _answer_row(system, item, run, base_seed + run, faithfulness)
+        return
+    import queue
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    pool: queue.Queue = queue.Queue()
+    pool.put(None)  # None: the caller's own systems (worker 0)
+    for _ in range(concurrency - 1):
+        pool.put({s.name: s for s in worker_systems()})
+
+    def answer(run, item, system):
+        own = pool.get()
+        try:
+            chosen = system if own is None else own[system.name]
+            return _answer_row(chosen, item, run, base_seed + run, faithfulness)
+        finally:
+            pool.put(own)
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="rigkit-eval") as ex:
+        pending = set()
+        tasks = iter(todo)
+        try:
+            for task in tasks:  # keep a bounded window in flight, so a kill wastes little
+                pending.add(ex.submit(answer, *task))
+                if len(pending) >= 2 * concurrency:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        yield f.result()
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    yield f.result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+
+def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path]) -> RunSummary:
+    """Join shard folders of one evaluation into `out_dir`: results, traces, meta (no report).
+
+    The shards must share the QA file, split and config; a key found in two shards keeps the
+    later shard's line. Written atomically, so a killed merge leaves `out_dir` as it was."""
+    from rigkit.eval.report import META_FILE
+    from rigkit.files import atomic_write_text
+
+    if not shard_dirs:
+        raise InputError("rigkit eval merge: name the shard folders to merge")
+    metas = []
+    for folder in map(Path, shard_dirs):
+        if not (folder / RESULTS_FILE).exists() or not (folder / META_FILE).exists():
+            raise InputError(f"{folder} is not a `rigkit eval` folder (no {RESULTS_FILE} / {META_FILE})")
+        metas.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
+    for key in ("qa", "split", "config"):
+        if any(m.get(key) != metas[0].get(key) for m in metas):
+            raise InputError(f"the shards were run with different {key}; merge only shards of one evaluation")
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    traces: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for folder in map(Path, shard_dirs):
+        for row in read_results(folder):
+            rows[result_key(row)] = row
+        for row in read_traces(folder):
+            traces[result_key(row)] = row
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        write_jsonl_atomic(out / TRACES_FILE, [traces[k] for k in rows if k in traces])
+        write_jsonl_atomic(out / RESULTS_FILE, rows.values())
+        meta = dict(metas[0])
+        meta.update(shard=None, merged_from=[str(d) for d in shard_dirs],
+                    question_ids=list(dict.fromkeys(q for m in metas for q in m.get("question_ids", []))),
+                    systems=list(dict.fromkeys(s for m in metas for s in m.get("systems", []))),
+                    runs=max(int(m.get("runs", 1)) for m in metas))
+        atomic_write_text(out / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
+    errors = sum(1 for r in rows.values() if r.get("error"))
+    return RunSummary(out / RESULTS_FILE, len(rows), 0, len(rows), errors)

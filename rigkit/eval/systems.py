@@ -7,8 +7,12 @@ Grammar (one name per system, comma-separated on the command line):
     rig[:DECIDER[:QUERY]]  the RIG controller with that decider and query mode
     ...@append|@prefix     optional suffix: passage layout for this system (default: --layout)
 
+`answer_closed_book` and `answer_with_passages` are the two baselines without a retrieval loop.
 Every system shares one generator, one retriever and the config's prompts, so differences come
-from when and what was retrieved. `rig:<decider>` uses that decider with its own defaults unless
+from when and what was retrieved. Budgets are matched too: plain RAG's passages pass through the
+same context manager as RIG's, so the same `max_retrieval_tokens` (ids, titles and headers
+included) and per-passage cap apply; `rag:K` keeps its best-ranked passages that fit and records
+the rest in `RIGResult.upfront`. `rig:<decider>` uses that decider with its own defaults unless
 the config's `decider` section names the same decider, in which case the whole section (threshold,
 params, composite members, classifier model file) is used: systems that need more than a name
 come from `--config`. Bare `rig` is exactly the config's decider.
@@ -18,16 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rigkit.config import DeciderConfig, RunConfig
 from rigkit.errors import InputError
-from rigkit.trace import RIGResult
+from rigkit.trace import Hit, RIGResult
 
 __all__ = ["SystemSpec", "System", "parse_system", "parse_systems", "system_config", "build_system",
-           "build_systems"]
+           "build_systems", "answer_closed_book", "answer_with_passages"]
 
 LAYOUTS = ("append", "prefix")
 
@@ -126,6 +130,27 @@ def system_config(spec: SystemSpec, config: RunConfig, layout: str | None = None
     return config
 
 
+def answer_closed_book(generator: Any, question: str, config: RunConfig | None = None) -> RIGResult:
+    """The model alone: no retrieval at all."""
+    return _no_loop(generator, config).run(question)
+
+
+def answer_with_passages(
+    generator: Any, question: str, hits: Sequence[Hit], config: RunConfig | None = None
+) -> RIGResult:
+    """Plain RAG (or gold passages): the passages go before the question, one generation."""
+    return _no_loop(generator, config).run(question, passages=hits)
+
+
+def _no_loop(generator: Any, config: RunConfig | None):
+    """The controller with a decider that never fires and a retriever that finds nothing."""
+    from rigkit.build import assemble
+    from rigkit.deciders.baselines import NeverRetrieve
+    from rigkit.retrieval.base import NoRetriever
+
+    return assemble(config or RunConfig(), generator, NoRetriever(), NeverRetrieve())
+
+
 def _seeded(config: RunConfig, seed: int) -> RunConfig:
     # The controller reseeds the generator from generator.seed at each question, so a run's seed
     # has to travel in the config.
@@ -139,8 +164,7 @@ def build_system(spec: SystemSpec, config: RunConfig, generator: Any, retriever:
 
     cfg = system_config(spec, config, layout)
     if spec.kind == "closed_book":
-        return System(spec, cfg, lambda q, seed: build.answer_closed_book(generator, q,
-                                                                          _seeded(cfg, seed)))
+        return System(spec, cfg, lambda q, seed: answer_closed_book(generator, q, _seeded(cfg, seed)))
     if retriever is None:
         raise InputError(f"system {spec.name!r} needs an index (--index or retrieval.index)")
     if spec.kind == "rag":
@@ -149,7 +173,7 @@ def build_system(spec: SystemSpec, config: RunConfig, generator: Any, retriever:
             start = time.perf_counter()
             hits = retriever.search(question, cfg.retrieval.top_k)
             seconds = time.perf_counter() - start
-            result = build.answer_with_passages(generator, question, hits, _seeded(cfg, seed))
+            result = answer_with_passages(generator, question, hits, _seeded(cfg, seed))
             result.timings["retrieve"] = result.timings.get("retrieve", 0.0) + seconds
             result.timings["total"] = result.timings.get("total", 0.0) + seconds
             result.used_retrieval_times = max(result.used_retrieval_times, 1)

@@ -1,14 +1,17 @@
 """Generators: produce the answer one segment at a time, with per-token evidence.
 
 `protocol` holds the `Generator` protocol and the optional capabilities, `hf` the in-process
-transformers backend, `stops` the stop rule every backend shares, `loading` model loading.
+transformers backend, `openai` the OpenAI-compatible server backend (imported on first use: it
+needs `httpx`), `stops` the stop rule every backend shares, `loading` model loading.
 """
 
 from rigkit.generation.hf import HFGenerator
 from rigkit.generation.loading import (
     DEFAULT_HUB_ID,
     DEFAULT_MODEL,
+    Placement,
     converted_model_dir,
+    generator_from_config,
     load_generator,
 )
 from rigkit.generation.protocol import (
@@ -16,6 +19,7 @@ from rigkit.generation.protocol import (
     SupportsAttention,
     SupportsHiddenStates,
     SupportsReset,
+    check_decider_support,
 )
 from rigkit.generation.stops import SENTENCE_END, find_stop
 
@@ -26,9 +30,21 @@ __all__ = [
     "SupportsReset",
     "HFGenerator",
     "load_generator",
+    "generator_from_config",
+    "Placement",
+    "check_decider_support",
+    "OpenAIGenerator",
     "converted_model_dir",
     "find_stop",
     "DEFAULT_MODEL",
     "DEFAULT_HUB_ID",
     "SENTENCE_END",
 ]
+
+
+def __getattr__(name: str):
+    if name == "OpenAIGenerator":
+        from rigkit.generation.openai import OpenAIGenerator
+
+        return OpenAIGenerator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

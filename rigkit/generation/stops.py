@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
+from rigkit.text import SENTENCE_END  # the package's one sentence-end pattern
 from rigkit.transcript import StopRule
 
 __all__ = ["SENTENCE_END", "find_stop"]
-
-# Terminal punctuation followed by whitespace (so "1." or "Apache-2.0" do not end a sentence),
-# or CJK terminal punctuation, which needs no space after it.
-SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*(?=\s)|[。！？]")
 
 
 def find_stop(text: str, stop: StopRule) -> int | None:

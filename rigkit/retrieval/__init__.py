@@ -6,15 +6,18 @@ indexes; the three retrievers can also be built directly from a chunk list.
 
 from __future__ import annotations
 
-from rigkit.retrieval.base import Retriever
+from rigkit.retrieval.base import NoRetriever, Retriever, ScoresChunks
 from rigkit.retrieval.bm25 import BM25Retriever
 from rigkit.retrieval.dense import DenseRetriever
-from rigkit.retrieval.factory import demo_corpus_path, open_index, open_retriever
+from rigkit.retrieval.factory import RETRIEVERS, demo_corpus_path, open_index, open_retriever
 from rigkit.retrieval.hybrid import HybridRetriever, rrf_scores
 from rigkit.retrieval.index import Index
 
 __all__ = [
     "Retriever",
+    "ScoresChunks",
+    "NoRetriever",
+    "RETRIEVERS",
     "Index",
     "open_retriever",
     "open_index",

@@ -1,12 +1,22 @@
-"""The `Retriever` extension point: `search(query, top_k) -> list[Hit]`."""
+"""The `Retriever` extension point: `search(query, top_k) -> list[Hit]`.
+
+Built-in retrievers also score every chunk of their chunk list (`ScoresChunks`), which lets a
+hybrid show a chunk's exact rank in a retriever that did not list it. Any other retriever is
+fused by the chunk ids of its hits.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rigkit.trace import Hit
 
-__all__ = ["Retriever"]
+if TYPE_CHECKING:
+    from rigkit.corpus import Chunk
+    from rigkit.retrieval.ranking import Scored
+
+__all__ = ["Retriever", "ScoresChunks", "NoRetriever"]
 
 
 @runtime_checkable
@@ -14,3 +24,23 @@ class Retriever(Protocol):
     """Ranked hits for a query, best first."""
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]: ...
+
+
+@runtime_checkable
+class ScoresChunks(Protocol):
+    """A retriever over a chunk list that can score any of its chunks (BM25, dense)."""
+
+    chunks: Sequence[Chunk]
+
+    def scored(self, query: str, depth: int) -> Scored:
+        """Its best `depth` chunks, and the exact rank / score of any other on demand."""
+        ...
+
+
+class NoRetriever:
+    """Finds nothing: the retriever of closed-book and fixed-passage runs, which never search."""
+
+    name = "none"
+
+    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+        return []

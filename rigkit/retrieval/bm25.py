@@ -3,7 +3,7 @@
 `bm25s` (Lù 2024) precomputes every document's term scores in a sparse matrix, so a query is a
 sum of a few sparse rows: the fast path, and the one saved with an index. `rank_bm25` is the
 reference implementation most people know; it is offered for parity checks and comparison.
-Both use the same tokens (`rigkit.textproc`) and the same variant and (k1, b):
+Both use the same tokens (`rigkit.retrieval.tokenize`) and the same variant and (k1, b):
 - "lucene" (default): idf = log(1 + (N - df + .5) / (df + .5)); reproduces the reference figures.
 - "robertson": idf = log((N - df + .5) / (df + .5)) floored at 0 (= BM25Okapi with epsilon=0).
 rank_bm25 scores are (k1 + 1) times bm25s's; we divide them back so both report the same numbers.
@@ -20,7 +20,7 @@ import numpy as np
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
 from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
-from rigkit.textproc import tokenize, tokenize_many
+from rigkit.retrieval.tokenize import tokenize, tokenize_many
 from rigkit.trace import Hit
 
 __all__ = ["BM25_BACKENDS", "BM25_METHODS", "BM25Retriever"]

@@ -10,6 +10,7 @@ retriever's view even when one retriever did not list them.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,20 +27,32 @@ DENSE_INDEXES = ("flat", "hnsw", "ivf")
 HNSW_M = 32  # graph degree; faiss's usual default for ~100k vectors
 HNSW_EF_SEARCH = 64
 IVF_PROBE_SHARE = 1 / 16  # share of cells visited per query
+QUERY_CACHE_SIZE = 256  # recent query vectors kept: repeated questions, `--runs N`, a served index
 
 
 def embed_texts(
     embedder, texts: Sequence[str], batch_size: int = 64, progress: bool = False
 ) -> np.ndarray:
-    """(n, dim) float32 unit vectors; sentence-transformers batches and sorts by length."""
-    vectors = embedder.encode(
-        list(texts),
-        batch_size=batch_size,
-        normalize_embeddings=True,
-        convert_to_numpy=True,
-        show_progress_bar=progress,
-    )
-    return np.ascontiguousarray(vectors, dtype=np.float32)
+    """(n, dim) float32 unit vectors; sentence-transformers batches and sorts by length.
+
+    With `progress`, texts go in blocks of a few batches under a tqdm bar (chunks/s and ETA; a
+    widget in a notebook)."""
+    texts = list(texts)
+    if not progress or not texts:
+        vectors = embedder.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                  convert_to_numpy=True, show_progress_bar=False)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+    from tqdm.auto import tqdm
+
+    block = batch_size * 8  # big enough that length-sorting inside a block still pays
+    parts = []
+    with tqdm(total=len(texts), unit="chunk", desc="embedding", dynamic_ncols=True) as bar:
+        for start in range(0, len(texts), block):
+            part = texts[start:start + block]
+            parts.append(embedder.encode(part, batch_size=batch_size, normalize_embeddings=True,
+                                         convert_to_numpy=True, show_progress_bar=False))
+            bar.update(len(part))
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
 
 def build_faiss_index(vectors: np.ndarray, kind: str = "flat"):
@@ -77,6 +90,7 @@ class DenseRetriever:
         self.embedding_model = embedding_model
         self._embedder = embedder
         self._vectors: np.ndarray | None = None
+        self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @classmethod
     def build(
@@ -113,7 +127,18 @@ class DenseRetriever:
         return faiss.read_index(str(path))
 
     def encode(self, query: str) -> np.ndarray:
-        return embed_texts(self.embedder, [query])[0]
+        """The query's unit vector; the last `QUERY_CACHE_SIZE` queries are served from memory
+        (embedding is most of a dense search's time, see bench/retrieval.py)."""
+        vector = self._query_vectors.get(query)
+        if vector is None:
+            vector = embed_texts(self.embedder, [query])[0]
+            vector.setflags(write=False)  # shared by every caller that asks for this query
+            self._query_vectors[query] = vector
+            if len(self._query_vectors) > QUERY_CACHE_SIZE:
+                self._query_vectors.popitem(last=False)
+        else:
+            self._query_vectors.move_to_end(query)
+        return vector
 
     def _all_scores(self, vector: np.ndarray) -> np.ndarray:
         if self._vectors is None:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from rigkit.config import RetrievalConfig
-from rigkit.errors import CorpusError, IndexMismatchError
+from rigkit.errors import CorpusError, IndexMismatchError, InputError
 from rigkit.files import cache_root
+from rigkit.retrieval.base import NoRetriever, Retriever
 from rigkit.retrieval.index import FORMAT_VERSION, Index, check_manifest, resolve_chunk_size
-from rigkit.textproc import TOKENIZER_VERSION
+from rigkit.retrieval.tokenize import TOKENIZER_VERSION
 
-__all__ = ["open_retriever", "open_index", "demo_corpus_path", "cache_dir"]
+__all__ = ["RETRIEVERS", "RetrieverFactory", "open_retriever", "open_index", "demo_corpus_path", "cache_dir"]
 
 log = logging.getLogger(__name__)
 _DEFAULTS = RetrievalConfig()
@@ -111,9 +113,24 @@ def open_index(config: RetrievalConfig) -> Index:
     )
 
 
-def open_retriever(config: RetrievalConfig | None = None):
-    """The `Retriever` for a run: `config.mode` over the index `config` describes."""
+def open_retriever(config: RetrievalConfig | None = None) -> Retriever:
+    """The `Retriever` for a run: the `RETRIEVERS` factory named by `config.mode`.
+
+    An `index` that is an http(s) URL (`--retriever URL`) is a retrieval server (`rigkit serve`'s
+    `/retrieve`): it selects the `remote` entry, whatever the mode, since the server's own
+    index decides how it ranks.
+    """
     config = config or RetrievalConfig()
+    from rigkit.retrieval.remote import is_remote
+
+    mode = "remote" if is_remote(config.index) else config.mode
+    if mode not in RETRIEVERS:
+        raise InputError(f"unknown retrieval mode {mode!r}; known: {', '.join(RETRIEVERS)}")
+    return RETRIEVERS[mode](config)
+
+
+def _over_index(config: RetrievalConfig) -> Retriever:
+    """A built-in retriever (bm25, dense, hybrid) over the index `config` describes."""
     return open_index(config).retriever(
         config.mode,
         bm25_backend=config.bm25_backend,
@@ -123,3 +140,25 @@ def open_retriever(config: RetrievalConfig | None = None):
         bm25_weight=config.bm25_weight,
         dense_weight=config.dense_weight,
     )
+
+
+def _remote(config: RetrievalConfig) -> Retriever:
+    """A retrieval server at `config.index` (an http(s) URL ending in `/retrieve`)."""
+    from rigkit.retrieval.remote import RemoteRetriever
+
+    if not config.index:
+        raise InputError("retrieval mode 'remote' needs the server's URL as retrieval.index (or --retriever URL)")
+    return RemoteRetriever(config.index)
+
+
+RetrieverFactory = Callable[[RetrievalConfig], Retriever]
+
+# `retrieval.mode` -> factory. Register your own: `RETRIEVERS["mine"] = lambda config: Mine()`;
+# a factory opens an index itself (`open_index(config)`) only if it needs one.
+RETRIEVERS: dict[str, RetrieverFactory] = {
+    "bm25": _over_index,
+    "dense": _over_index,
+    "hybrid": _over_index,
+    "none": lambda config: NoRetriever(),
+    "remote": _remote,
+}

@@ -6,19 +6,19 @@ Layout of an index folder:
     chunks.jsonl    the chunks both indexes were built from (chunk i = row i = vector i)
     bm25/           bm25s's sparse score matrix and vocabulary
     dense.faiss     the faiss index
-The build happens in a temporary sibling folder that is renamed into place at the end, so an
-interrupted build leaves no half index (and an older index at that path survives). Loading checks
-the manifest and refuses an index built for another embedding model: a mismatch is an error, not
-a silent rebuild. Loading reads files only; the embedding model loads at the first dense query.
+The build happens in a temporary sibling folder that is swapped into place atomically at the end
+(`rigkit.retrieval.storage`): a kill at any step leaves the old index or the new one at the path.
+The manifest lists every file's size and SHA-256; loading checks sizes always and hashes on the
+first load in a process (small indexes), so a truncated, deleted, reordered or swapped file is an
+`IndexCorruptError` that says how to rebuild, never wrong hits. Loading refuses an index built
+for another embedding model or BM25 tokenizer: a mismatch is an error, not a silent rebuild.
+Loading reads files only; the embedding model loads at the first dense query.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,16 +33,18 @@ from rigkit.corpus import (
     read_chunks,
     write_chunks,
 )
-from rigkit.errors import IndexMismatchError, InputError
+from rigkit.errors import IndexCorruptError, IndexMismatchError, InputError
+from rigkit.files import fault_point
 from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
 from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
 from rigkit.retrieval.hybrid import HybridRetriever
-from rigkit.textproc import TOKENIZER_VERSION, tokenize_many
+from rigkit.retrieval.storage import atomic_dir, file_table, rebuild_hint, recover, verify_files
+from rigkit.retrieval.tokenize import TOKENIZER_VERSION, tokenize_many
 
 __all__ = ["FORMAT_VERSION", "MODES", "Index", "resolve_chunk_size"]
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest lists every file's size and SHA-256
 MODES = ("bm25", "dense", "hybrid")
 
 
@@ -110,7 +112,7 @@ class Index:
         docs = load_documents(corpus)  # raises on a malformed line before anything is written
         fingerprint = corpus_fingerprint(corpus)  # of the bytes read, not of a later edit
         size = resolve_chunk_size(embedding_model, chunk_size)
-        chunks = chunk_documents(docs, load_tokenizer(embedding_model), size, overlap, split)
+        chunks = chunk_documents(docs, load_tokenizer(embedding_model), size, overlap, split, progress)
         timings["chunking_s"] = time.perf_counter() - started
         if not split:
             _warn_truncation(chunks, embedding_model, size)
@@ -138,10 +140,12 @@ class Index:
             dense_index,
             timings,
         )
-        with _atomic_dir(out, overwrite) as tmp:
+        with atomic_dir(out, overwrite) as tmp:
             write_chunks(tmp / "chunks.jsonl", chunks)
             bm25.save(tmp / "bm25")
             DenseRetriever(chunks, faiss_index, embedding_model).save(tmp / "dense.faiss")
+            fault_point("index:files-written")
+            manifest["files"] = file_table(tmp)  # written last: a manifest means a whole index
             (tmp / "manifest.json").write_text(
                 json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
             )
@@ -155,19 +159,29 @@ class Index:
     ) -> Index:
         """Open a saved index; `embedding_model` (if given) must match the one it was built with."""
         path = Path(path)
-        manifest_file = path / "manifest.json"
-        if not manifest_file.exists():
-            raise InputError(
-                f"{path} is not a rigkit index (no manifest.json); build one with `rigkit index build`"
-            )
-        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise IndexMismatchError(
-                f"{path}: index format {manifest.get('format_version')}, this rigkit reads {FORMAT_VERSION}; rebuild it"
-            )
+        recover(path)
+        manifest = read_manifest(path)
         if embedding_model is not None:
             check_manifest(manifest, path, embedding_model=embedding_model)
-        return cls(path, manifest, read_chunks(path / "chunks.jsonl"), _embedder=embedder)
+        verify_files(path, manifest)
+        try:
+            chunks = read_chunks(path / "chunks.jsonl")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            raise IndexCorruptError(f"{path / 'chunks.jsonl'} is not a valid chunk file ({err}); "
+                                    f"{rebuild_hint(path, manifest)}") from None
+        if len(chunks) != manifest.get("chunks"):
+            raise IndexCorruptError(f"{path / 'chunks.jsonl'} holds {len(chunks)} chunks, the "
+                                    f"manifest {manifest.get('chunks')}; {rebuild_hint(path, manifest)}")
+        return cls(path, manifest, chunks, _embedder=embedder)
+
+    def verify(self) -> None:
+        """Hash every file against the manifest and check the parts agree (`rigkit index verify`)."""
+        verify_files(self.path, self.manifest, full=True)
+        n_vectors = self.dense().index.ntotal
+        if n_vectors != len(self.chunks):
+            raise IndexCorruptError(f"{self.path / 'dense.faiss'} holds {n_vectors} vectors for "
+                                    f"{len(self.chunks)} chunks; {rebuild_hint(self.path, self.manifest)}")
+        self.bm25()
 
     # ------------------------------------------------------------ retrievers
 
@@ -180,9 +194,8 @@ class Index:
             if backend == "bm25s" and self._bm25 is not None:
                 retriever = self._bm25
             elif backend == "bm25s":
-                retriever = BM25Retriever.load(
-                    self.path / "bm25", self.chunks, p["method"], p["k1"], p["b"]
-                )
+                retriever = _read_part(self, "bm25", lambda: BM25Retriever.load(
+                    self.path / "bm25", self.chunks, p["method"], p["k1"], p["b"]))
             else:  # the reference backend is rebuilt in memory from the same chunks
                 retriever = BM25Retriever.build(
                     self.chunks, "rank_bm25", p["method"], p["k1"], p["b"]
@@ -192,7 +205,8 @@ class Index:
 
     def dense(self) -> DenseRetriever:
         if "dense" not in self._retrievers:
-            faiss_index = self._faiss or DenseRetriever.read_index(self.path / "dense.faiss")
+            faiss_index = self._faiss or _read_part(
+                self, "dense.faiss", lambda: DenseRetriever.read_index(self.path / "dense.faiss"))
             self._retrievers["dense"] = DenseRetriever(
                 self.chunks, faiss_index, self.embedding_model, self._embedder
             )
@@ -221,6 +235,43 @@ class Index:
                 rrf_k=rrf_k,
             )
         raise InputError(f"unknown retrieval mode {mode!r}; choose from {MODES}")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the index at `path`, checked for format and BM25 tokenizer version."""
+    manifest_file = path / "manifest.json"
+    if not manifest_file.exists():
+        raise InputError(
+            f"{path} is not a rigkit index (no manifest.json); build one with `rigkit index build`"
+        )
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise IndexCorruptError(f"{manifest_file} is not a valid manifest ({err}); rebuild with "
+                                f"`rigkit index build --corpus CORPUS --out {path}`") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise IndexMismatchError(
+            f"{path}: index format {manifest.get('format_version')}, this rigkit reads "
+            f"{FORMAT_VERSION}; {rebuild_hint(path, manifest)}"
+        )
+    tokens = (manifest.get("bm25") or {}).get("tokenizer")
+    if tokens != TOKENIZER_VERSION:
+        raise IndexMismatchError(
+            f"{path}: BM25 tokens were made by {tokens!r}, this rigkit makes {TOKENIZER_VERSION!r}; "
+            f"{rebuild_hint(path, manifest)}"
+        )
+    return manifest
+
+
+def _read_part(index: Index, name: str, read):
+    """Read one index file; a library error while reading it means the file is damaged."""
+    try:
+        return read()
+    except (OSError, ValueError, RuntimeError, KeyError, IndexError, EOFError) as err:
+        raise IndexCorruptError(f"{index.path / name} cannot be read ({type(err).__name__}); "
+                                f"{rebuild_hint(index.path, index.manifest)}") from None
 
 
 def _manifest(
@@ -305,40 +356,3 @@ def _check_target(out: Path) -> None:
         not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").exists())
     ):
         raise InputError(f"{out} exists and is not a rigkit index; refusing to overwrite it")
-
-
-class _atomic_dir:
-    """Context manager: yields a temp folder beside `target`; on success it replaces `target`."""
-
-    def __init__(self, target: Path, overwrite: bool = True):
-        self.target = target
-        self.overwrite = overwrite
-
-    def __enter__(self) -> Path:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(
-            tempfile.mkdtemp(dir=self.target.parent, prefix=f".{self.target.name}.building-")
-        )
-        os.chmod(self.tmp, 0o755)  # mkdtemp makes it private; an index is an ordinary folder
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        old = None
-        if not self.overwrite and (self.target / "manifest.json").exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)  # another process finished first
-            return
-        if self.target.exists():  # a directory rename cannot replace a non-empty one: swap aside
-            old = self.target.parent / f".{self.target.name}.old-{os.getpid()}-{time.time_ns()}"
-            os.replace(self.target, old)
-        try:
-            os.replace(self.tmp, self.target)
-        except BaseException:
-            if old is not None:
-                os.replace(old, self.target)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)

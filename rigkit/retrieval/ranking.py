@@ -1,7 +1,9 @@
 """Shared ranking helpers: deterministic top-k, exact ranks, near-duplicate collapse.
 
 Every ordering in rigkit retrieval breaks score ties by chunk position (the order of the chunk
-file), so runs are reproducible and two BM25 backends can be compared id for id.
+file), so runs are reproducible and two BM25 backends can be compared id for id. Near-duplicate
+collapse works on chunk lists (`collapse_near_duplicates`) and on hits of any retriever
+(`collapse_hits`, keyed by chunk id) with one rule.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "Scored",
     "make_hit",
     "collapse_near_duplicates",
+    "collapse_hits",
     "hits_from_scored",
 ]
 
@@ -94,25 +97,55 @@ def collapse_near_duplicates(
     """Keep the first of hits that are the same slice: same document with overlapping character
     spans (neighbouring windows), or the same text up to case/punctuation (a copied document).
     Returns (kept index, chunk ids collapsed into it), in the given order."""
+    slices = [_Slice(c.chunk_id, c.doc_id, c.start, c.end, c.text) for c in (chunks[i] for i in order)]
+    return [(order[k], collapsed) for k, collapsed in _collapse(slices)]
+
+
+def collapse_hits(hits: Sequence[Hit]) -> list[tuple[Hit, list[str]]]:
+    """`collapse_near_duplicates` for hits from any retriever, keyed by chunk id: character
+    spans come from `metadata["start"/"end"]` where the retriever recorded them."""
+    slices = [
+        _Slice(h.chunk_id, h.doc_id, h.metadata.get("start"), h.metadata.get("end"), h.text)
+        for h in hits
+    ]
+    return [(hits[k], collapsed) for k, collapsed in _collapse(slices)]
+
+
+@dataclass(frozen=True)
+class _Slice:
+    chunk_id: str
+    doc_id: str
+    start: int | None
+    end: int | None
+    text: str
+
+
+def _collapse(slices: Sequence[_Slice]) -> list[tuple[int, list[str]]]:
+    """(position of each kept slice, chunk ids collapsed into it), in order."""
     kept: list[tuple[int, list[str]]] = []
     prints: dict[str, int] = {}
-    for idx in order:
-        chunk = chunks[idx]
+    for pos, item in enumerate(slices):
         into = None
         for slot, (k, _) in enumerate(kept):
-            other = chunks[k]
-            if other.doc_id == chunk.doc_id and chunk.start < other.end and other.start < chunk.end:
+            other = slices[k]
+            if other.doc_id == item.doc_id and _overlap(item, other):
                 into = slot
                 break
-        fp = _fingerprint(chunk.text)
+        fp = _fingerprint(item.text)
         if into is None:
             into = prints.get(fp)
         if into is None:
             prints[fp] = len(kept)
-            kept.append((idx, []))
+            kept.append((pos, []))
         else:
-            kept[into][1].append(chunk.chunk_id)
+            kept[into][1].append(item.chunk_id)
     return kept
+
+
+def _overlap(a: _Slice, b: _Slice) -> bool:
+    if None in (a.start, a.end, b.start, b.end):
+        return False
+    return a.start < b.end and b.start < a.end  # type: ignore[operator]
 
 
 def hits_from_scored(scored: Scored, chunks: Sequence[Chunk], top_k: int) -> list[Hit]:

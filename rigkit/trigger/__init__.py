@@ -5,11 +5,12 @@ Pipeline: `build_labels` (closed-book generation labelled by documented rules, o
 split by question, threshold on dev) -> `save_trigger` / `load_trigger` (skops with an explicit
 allow-list) -> `evaluate_trigger` (classifier vs prob / entropy / keyword deciders on the same
 held-out labels) and `end_effect` (RIG answer quality with each decider). The trained file plugs
-into the controller as `rigkit.deciders.classifier.ClassifierDecider`.
+into the controller as `rigkit.deciders.classifier.ClassifierDecider` (`trigger_decider(path)`).
 """
 
 from __future__ import annotations
 
+from rigkit.trigger.decider import trigger_decider
 from rigkit.trigger.evaluate import TriggerReport, evaluate_trigger, signal_metrics
 from rigkit.trigger.features import FEATURE_SETS, FeatureExtractor, FeatureSpec
 from rigkit.trigger.labels import RULES, agreement, build_labels
@@ -34,6 +35,7 @@ __all__ = [
     "save_trigger",
     "signal_metrics",
     "train_trigger",
+    "trigger_decider",
 ]
 
 

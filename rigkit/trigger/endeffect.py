@@ -50,7 +50,7 @@ def end_effect(
     from tqdm.auto import tqdm
 
     from rigkit.build import build_controller
-    from rigkit.eval.metrics import cover_match, exact_match, token_f1
+    from rigkit.eval.answers import cover_match, exact_match, token_f1
 
     config = config or RunConfig()
     # Fresh decider sections: a config's threshold for one decider must not leak into the other

@@ -83,7 +83,7 @@ def parse_feature_sets(text: str | Sequence[str]) -> tuple[str, ...]:
 
 def content_mask(tokens: Sequence[str]) -> list[bool]:
     """True for tokens that carry content: not punctuation, whitespace or a stop word."""
-    from rigkit.deciders.text import is_stop  # the stop words the prob/entropy deciders skip
+    from rigkit.text import is_stop  # the stop words the prob/entropy deciders skip
 
     mask = []
     for tok in tokens:

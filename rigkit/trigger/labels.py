@@ -12,7 +12,7 @@ can be re-labelled without the model.
   answer written with the gold paragraphs in context contains it, or its token F1 is higher by
   >= `min_gain`. Every segment of such an answer that carries content is positive.
 - **r2 `unsupported_fact`** (segment level, the hallucination rule): the segment states a
-  fact-shaped span (date, number, code, proper name; `rigkit.deciders.text.fact_words`) that
+  fact-shaped span (date, number, code, proper name; `rigkit.text.fact_words`) that
   neither the question nor any gold paragraph mentions.
 - `any` / `all`: r1 or / and r2.
 Both are proxies (an F1 gain is not proof that this sentence needed retrieval; a paraphrased fact
@@ -31,6 +31,7 @@ from typing import Any
 from rigkit.config import RunConfig
 from rigkit.deciders.base import DecisionState
 from rigkit.errors import InputError
+from rigkit.generation.protocol import SupportsHiddenStates
 from rigkit.trace import Decision, Hit, RIGResult, Segment
 from rigkit.trigger.labelset import LabelledSegment, LabelSet
 
@@ -66,15 +67,14 @@ class HiddenStateRecorder:
 
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
         gen = state.generator
-        hook = getattr(gen, "segment_hidden_state", None)
-        want = self.keep_hidden and callable(hook) and bool(segment.token_ids)
-        self.hidden.append(list(hook(segment)) if want else None)  # type: ignore[misc]
+        want = self.keep_hidden and isinstance(gen, SupportsHiddenStates) and bool(segment.token_ids)
+        self.hidden.append(list(gen.segment_hidden_state(segment)) if want else None)
         return Decision(False, 0.0, "closed-book labelling run", decider="never")
 
 
 def answer_gain(closed: str, with_gold: str, golds: Sequence[str], min_gain: float = 0.5) -> dict:
     """r1's question-level verdict and the scores behind it."""
-    from rigkit.eval.metrics import cover_match, token_f1
+    from rigkit.eval.answers import cover_match, token_f1
 
     c_cover, g_cover = cover_match(closed, golds), cover_match(with_gold, golds)
     c_f1, g_f1 = token_f1(closed, golds), token_f1(with_gold, golds)
@@ -86,7 +86,7 @@ def answer_gain(closed: str, with_gold: str, golds: Sequence[str], min_gain: flo
 
 def unsupported_facts(text: str, question: str, paragraphs: Sequence[Hit]) -> list[str]:
     """r2's evidence: fact-shaped spans of `text` that neither question nor paragraphs mention."""
-    from rigkit.deciders.text import fact_words, passage_mentions
+    from rigkit.text import fact_words, passage_mentions
 
     question_hit = Hit("question", "question", "", question, 0.0)
     out = []
@@ -97,9 +97,9 @@ def unsupported_facts(text: str, question: str, paragraphs: Sequence[Hit]) -> li
 
 
 def _has_content(text: str) -> bool:
-    from rigkit.deciders.text import is_stop, split_words
+    from rigkit.text import has_content
 
-    return any(not is_stop(w.text) for w in split_words(text))
+    return has_content(text)
 
 
 def _combine(r1: int, r2: int) -> dict[str, int]:
@@ -158,24 +158,29 @@ def build_labels(
     progress: bool = True,
     checkpoint: str | Path | None = None,
     resume: LabelSet | None = None,
+    splits: Sequence[str] | None = None,
 ) -> LabelSet:
     """Run the generator closed-book and with gold paragraphs; label every segment (see above).
+
+    `splits` (e.g. ("train", "dev")): only the questions of those splits of the set's
+    splits.json; None: every question in the file.
 
     With `checkpoint`, the set so far is saved (atomically) after every question, marked
     `complete: false`; passing that set back as `resume` skips the questions it already holds.
     """
     from tqdm.auto import tqdm
 
-    from rigkit.build import answer_with_passages
+    from rigkit.eval.systems import answer_with_passages
 
     if rule not in RULES:
         raise InputError(f"unknown labelling rule {rule!r}; choose from {list(RULES)}")
     config = config or RunConfig()
-    records, meta = _records(qa, limit)
+    records, meta = _records(qa, limit, splits)
     meta.update(
         rule=rule, rules=RULE_DOCS, min_gain=min_gain, hidden=hidden,
         generator=getattr(generator, "spec", type(generator).__name__),
         generator_source=getattr(generator, "source", None),
+        generator_weights=_weights_fingerprint(generator),
         generator_config=config.to_dict()["generator"], complete=False,
     )
     rows = list(resume.rows) if resume is not None else []
@@ -218,17 +223,13 @@ def resumable(path: str | Path, qa: str | Path, generator: Any) -> LabelSet | No
 
 def _closed_book(generator: Any, question: str, config: RunConfig, recorder: HiddenStateRecorder):
     """The controller with a never-retrieving decider that also records hidden states."""
-    from rigkit.build import build_controller
-    from rigkit.testing import DictRetriever
+    from rigkit.build import assemble
+    from rigkit.retrieval.base import NoRetriever
 
-    controller = build_controller(
-        config.override(decider={"name": "never"}), generator=generator, retriever=DictRetriever({})
-    )
-    controller.decider = recorder
-    return controller.run(question)
+    return assemble(config, generator, NoRetriever(), recorder).run(question)
 
 
-def _records(qa: str | Path | Sequence[dict[str, Any]], limit: int | None):
+def _records(qa: str | Path | Sequence[dict[str, Any]], limit: int | None, splits: Sequence[str] | None = None):
     from rigkit.datasets import load_qa
 
     if isinstance(qa, (str, Path)):
@@ -245,13 +246,25 @@ def _records(qa: str | Path | Sequence[dict[str, Any]], limit: int | None):
         missing = [k for k in ("id", "question", "answer") if k not in rec]
         if missing:
             raise InputError(f"QA record {i + 1} lacks {missing}")
+    if splits:
+        if not meta.get("set_dir"):
+            raise InputError("selecting splits needs a QA file beside its splits.json")
+        from rigkit.datasets import load_splits
+
+        stored = load_splits(meta["set_dir"])
+        unknown = [s for s in splits if s not in stored]
+        if unknown:
+            raise InputError(f"unknown split {unknown[0]!r}; choose from {sorted(stored)}")
+        wanted = {q for s in splits for q in stored[s]}
+        records = [r for r in records if str(r["id"]) in wanted]
     if limit is not None:
-        records = _subset(records, limit, meta.get("set_dir"))
-    meta.update(questions=len(records), limit=limit)
+        records = _subset(records, limit, meta.get("set_dir"), splits)
+    meta.update(questions=len(records), limit=limit, splits=list(splits) if splits else None)
     return records, meta
 
 
-def _subset(records: list[dict[str, Any]], limit: int, set_dir: str | None) -> list[dict[str, Any]]:
+def _subset(records: list[dict[str, Any]], limit: int, set_dir: str | None,
+            only: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The first `limit` questions in file order, keeping the stored splits' proportions, so a
     small subset still has dev and test questions (the first 60 of 2Wiki hold only 9 test ones)."""
     path = Path(set_dir) / "splits.json" if set_dir else None
@@ -259,11 +272,12 @@ def _subset(records: list[dict[str, Any]], limit: int, set_dir: str | None) -> l
         return records[:limit]
     from rigkit.datasets import load_splits
 
-    splits = load_splits(set_dir)
+    splits = {name: ids for name, ids in load_splits(set_dir).items() if not only or name in only}
     split_of = {q: name for name, ids in splits.items() for q in ids}
     total = sum(len(ids) for ids in splits.values()) or 1
     quota = {name: round(limit * len(ids) / total) for name, ids in splits.items()}
-    quota["train"] += limit - sum(quota.values())
+    first = next(iter(splits), "train")  # rounding leftovers go to the first (train) split
+    quota[first] = quota.get(first, 0) + limit - sum(quota.values())
     chosen = []
     for rec in records:
         name = split_of.get(str(rec["id"]), "train")
@@ -289,3 +303,9 @@ def agreement(labels: LabelSet, a: str = "r1", b: str = "r2") -> dict[str, Any]:
     return {"rules": [a, b], "segments": len(pairs), "percent_agree": round(100 * agree, 1),
             "cohen_kappa": None if kappa is None else round(kappa, 3),
             "positives": {a: sum(xa), b: sum(xb)}}
+
+
+def _weights_fingerprint(generator: Any) -> str | None:
+    from rigkit.trigger.model import weights_fingerprint
+
+    return weights_fingerprint(generator)

@@ -7,7 +7,6 @@ works offline. plotly is imported inside each function: rigkit's core never impo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -54,7 +53,7 @@ def budget_figure(trace: RoundTrace, height: int = 190) -> Any:
             marker_color=_COLORS[part], marker_line_color="#cbd5e1", marker_line_width=1,
             hovertemplate=f"{part}: %{{x}} tokens<extra></extra>",
         )
-    for part, value in (("pre-filled", trace.tokens_prefilled), ("cached", trace.tokens_reused)):
+    for part, value in (("pre-filled", trace.tokens_prefilled), ("cached", trace.tokens_reused or 0)):
         fig.add_bar(
             name=part, y=["this round's prompt"], x=[value], orientation="h",
             marker_color=_COLORS[part], hovertemplate=f"{part}: %{{x}} tokens<extra></extra>",
@@ -72,22 +71,19 @@ def budget_figure(trace: RoundTrace, height: int = 190) -> Any:
 def score_cut(decision: Decision) -> float | None:
     """Where the decision's threshold falls on its [0, 1] score scale, or None if unknown.
 
-    `Decision.threshold` is in the decider's own unit: FLARE's token probability θ for `prob`
-    (score = 1 - min p, retrieves above 1 - θ), RIND nats for `entropy` (score = 1 - exp(-RIND)),
-    a token count for `every_n`. A decider can state the cut itself in
-    `evidence["score_threshold"]`; otherwise the built-in deciders' documented mappings apply,
-    and a threshold already in [0, 1] is taken as a cut on the score.
+    `Decision.threshold` is in the decider's own unit (`Decision.unit`: a token probability,
+    nats, a token count); each decider records the same cut on the score scale in
+    `Decision.score_threshold`. Older traces may state it in `evidence["score_threshold"]`; a
+    threshold with no stated unit that already lies in [0, 1] is taken as a cut on the score.
     """
+    if decision.score_threshold is not None:
+        return float(decision.score_threshold)
     stated = decision.evidence.get("score_threshold") if decision.evidence else None
     if stated is not None:
         return float(stated)
     t = decision.threshold
-    if t is None or decision.decider == "every_n":
-        return 1.0 if decision.decider == "every_n" else None
-    if decision.decider == "prob":
-        return 1.0 - t
-    if decision.decider == "entropy":
-        return 1.0 - math.exp(-t)
+    if t is None or decision.unit not in ("", "score"):
+        return None
     return t if 0.0 <= t <= 1.0 else None
 
 

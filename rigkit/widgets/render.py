@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from rigkit.markers import find_markers
+from rigkit.markers.parsing import TagSpec  # a word tag or a whole MarkerProtocol
 from rigkit.trace import Decision, Hit, Injection, Query, RoundTrace, Segment, Span
 from rigkit.widgets.figures import score_cut  # pure; plotly is imported only inside figures
 
@@ -56,7 +57,7 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 
 # --------------------------------------------------------------------------------------- draft
-def _marker_char_ranges(text: str, tag: str) -> list[tuple[int, int]]:
+def _marker_char_ranges(text: str, tag: TagSpec) -> list[tuple[int, int]]:
     """Character ranges of retrieval markers, tags included (closed, unclosed or cut off)."""
     return [(m.start, m.end) for m in find_markers(text, tag) if m.end > m.start]
 
@@ -94,7 +95,7 @@ def _span_token_sets(spans: Sequence[Span], offsets: list[tuple[int, int]] | Non
 
 
 def segment_html(
-    segment: Segment, spans: Sequence[Span] = (), marker_tag: str = "retrieve", current: bool = False,
+    segment: Segment, spans: Sequence[Span] = (), marker_tag: TagSpec = "retrieve", current: bool = False,
     discarded: bool = False,
 ) -> str:
     """One segment: tokens shaded by probability, markers boxed in blue, triggering spans underlined."""
@@ -152,7 +153,7 @@ def _wrap_segment(body: str, current: bool, discarded: bool) -> str:
     return f'<span class="{" ".join(classes)}" style="{style}"{title}>{body}</span>'
 
 
-def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: str = "retrieve") -> str:
+def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "retrieve") -> str:
     """The draft as it stood at round `index`: kept segments so far, then this round's segment.
 
     Earlier segments that were discarded (regenerated) are left out, as they left the answer;
@@ -214,6 +215,7 @@ def decision_html(decision: Decision) -> str:
         f'<b>decider</b> <code class="rig-decider">{esc(decision.decider or "?")}</code> · '
         f'<b class="rig-verdict" style="color:{color};">{verdict}</b>',
         f"<b>score</b> {fmt(decision.score)} · <b>threshold</b> {fmt(decision.threshold)}"
+        + (f" {esc(decision.unit)}" if decision.unit and decision.threshold is not None else "")
         + (f" (retrieves above score {fmt(cut, 2)})" if cut is not None
            and cut != decision.threshold else "") + " " + _score_bar(decision.score, cut),
         f'<b>reason</b> <span class="rig-reason">{esc(decision.reason)}</span>',
@@ -328,6 +330,12 @@ def hits_html(
             extra += (
                 f'<div class="rig-evicted" style="color:#b91c1c;">evicted from context: '
                 f"{esc(', '.join(gone))}</div>"
+            )
+        cut = getattr(injection, "truncated", [])  # traces from before cuts were recorded have none
+        if cut:
+            extra += (
+                f'<div class="rig-truncated" style="color:#b45309;">cut to max_passage_tokens: '
+                f"{esc(', '.join(cut))}</div>"
             )
         extra += f'<div style="{MUTED_STYLE}">{injection.tokens_added} passage tokens added</div>'
     table = f'<table style="border-collapse:collapse;">{"".join(rows)}</table>'

@@ -6,6 +6,9 @@ Live: `RoundStepper.live(controller, question)` pulls one `RoundTrace` at a time
 in the kernel. The widget holds no loop logic: it only advances the controller's iterator and
 renders each trace with the pure functions in `rigkit.widgets.render` / `figures`.
 
+Markers are boxed with the run's own marker protocol (`marker_protocol=`, else the one a live
+controller or a replayed run's config names, else `<marker_tag>`).
+
 The decider and threshold pickers re-run the question through a factory
 `(decider_name, threshold) -> controller`; `live()` builds one from a `RunConfig` with
 `rigkit.build.build_controller` when no factory is given.
@@ -18,6 +21,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from rigkit.markers import MarkerProtocol, MarkerProtocolError, resolve_protocol
 from rigkit.trace import RIGResult, RoundTrace
 from rigkit.widgets import figures, render, summary
 
@@ -66,6 +70,7 @@ class RoundStepper(W.VBox):
         factory: ControllerFactory | None = None,
         question: str | None = None,
         marker_tag: str = "retrieve",
+        marker_protocol: str | MarkerProtocol | None = None,
         deciders: Sequence[str] | None = None,
     ):
         self.result = result
@@ -74,13 +79,15 @@ class RoundStepper(W.VBox):
         self.index = 0
         self.factory = factory
         self.marker_tag = marker_tag
+        # the tags boxed in the draft: given, else the replayed run's own, else <marker_tag>
+        self.marker_protocol = _run_protocol(result, marker_protocol, marker_tag)
         self._controller: Any = None
         self._stream: Iterator[RoundTrace] | None = None
         self._error: str | None = None  # the last failure, shown in the status line
         self._build_controls(deciders)
         self._build_panes()
         super().__init__(
-            [self.header, self.controls, self.draft_pane, W.HBox([self.decision_pane,
+            [self.header, self.controls, self.draft_pane, self.writing_pane, W.HBox([self.decision_pane,
              self.query_pane]), self.hits_pane, W.HBox([self.budget_plot, W.VBox(
                  [self.budget_pane, self.timings_pane])]), self.answer_pane],
         )
@@ -117,12 +124,17 @@ class RoundStepper(W.VBox):
                 generator if generator is not None else getattr(controller, "generator", None),
                 retriever if retriever is not None else getattr(controller, "retriever", None),
             )
+        context = getattr(controller, "context", None)
+        if "marker_protocol" not in kwargs and getattr(context, "protocol", None) is not None:
+            kwargs["marker_protocol"] = context.protocol
         stepper = cls(None, factory=factory, question=question, **kwargs)
         stepper._attach(controller, start)
         return stepper
 
     def _attach(self, controller: Any, start: bool) -> None:
         self._controller = controller
+        if hasattr(controller, "callbacks") and self._writer not in controller.callbacks:
+            controller.callbacks.append(self._writer)  # the segment being written, token by token
         self._stream = iter(controller.stream(self.question))
         self.result, self.rounds, self.index, self._error = None, [], 0, None
         if start:
@@ -174,10 +186,19 @@ class RoundStepper(W.VBox):
         self.budget_pane = pane("budget")
         self.timings_pane = pane("timings")
         self.answer_pane = pane("answer")
+        self.writing_pane = pane("writing")
+        self._writer = _WritingPane(self.writing_pane)
         self.budget_plot = go.FigureWidget(figures.budget_figure(RoundTrace(0, *_empty_round())))
         self.budget_plot.layout.width = 520
 
     # ------------------------------------------------------------------------------ actions
+    @property
+    def policy(self) -> str:
+        """The run's continue / regenerate policy: the result's, else the live controller's."""
+        if self.result is not None and self.result.policy:
+            return self.result.policy
+        return str(getattr(self._controller, "policy", "") or "")
+
     @property
     def finished(self) -> bool:
         return self._stream is None
@@ -267,7 +288,7 @@ class RoundStepper(W.VBox):
         self.rerun_button.disabled = self.factory is None
         self.decider_picker.disabled = self.threshold_picker.disabled = self.factory is None
         self.header.value = summary.round_header_html(
-            self.question, self.index, n, self.finished, self.rounds
+            self.question, self.index, n, self.finished, self.rounds, self.policy
         )
         self.answer_pane.value = summary.answer_html(self.result)
         self._say(self._status_text(), error=self._error is not None)
@@ -276,7 +297,7 @@ class RoundStepper(W.VBox):
             return
         trace = self.rounds[self.index]
         self._sync_pickers(trace)
-        self.draft_pane.value = render.draft_html(self.rounds, self.index, self.marker_tag)
+        self.draft_pane.value = render.draft_html(self.rounds, self.index, self.marker_protocol)
         self.decision_pane.value = render.decision_html(trace.decision)
         self.query_pane.value = render.query_html(trace.query, trace.error)
         self.hits_pane.value = render.hits_html(trace.hits, trace.injection)
@@ -305,6 +326,38 @@ class RoundStepper(W.VBox):
                 old.x = new.x
             self.budget_plot.layout.shapes = fresh.layout.shapes
             self.budget_plot.layout.annotations = fresh.layout.annotations
+
+
+class _WritingPane:
+    """Controller callback: shows the segment's raw tokens while the model writes them."""
+
+    def __init__(self, pane: W.HTML):
+        self.pane, self.text = pane, ""
+
+    def on_round_start(self, index: int, state: Any) -> None:
+        self.text = ""
+        self.pane.value = ""
+
+    def on_token(self, text: str) -> None:
+        self.text += text
+        self.pane.value = (f'<div style="color:#555;"><i>writing…</i> {render.esc(self.text)}'
+                           '<span style="opacity:.5;">▍</span></div>')
+
+    def on_round_end(self, trace: RoundTrace) -> None:
+        self.text = ""
+        self.pane.value = ""
+
+
+def _run_protocol(
+    result: RIGResult | None, protocol: str | MarkerProtocol | None, tag: str
+) -> MarkerProtocol:
+    if protocol is not None:
+        return resolve_protocol(protocol, tag)
+    context = (result.config or {}).get("context", {}) if result is not None else {}
+    try:
+        return resolve_protocol(context.get("marker_protocol"), context.get("marker_tag", tag))
+    except MarkerProtocolError:  # a protocol file of another machine: box the default tags
+        return resolve_protocol(None, tag)
 
 
 def _parse_threshold(text: str) -> float | None:

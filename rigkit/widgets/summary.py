@@ -27,13 +27,14 @@ __all__ = [
 def budget_html(trace: RoundTrace) -> str:
     """The token budget in numbers (the stacked bar is `figures.budget_figure`)."""
     b = trace.budget
-    total = trace.tokens_prefilled + trace.tokens_reused
-    saved = f" ({trace.tokens_reused / total:.0%} cached)" if total else ""
+    reused = trace.tokens_reused  # None: a served model that does not report its prefix cache
+    total = trace.tokens_prefilled + (reused or 0)
+    saved = f" ({reused / total:.0%} cached)" if total and reused is not None else ""
     return (
         f'<div class="rig-budget" style="{BOX_STYLE}">'
         f"system {b.system} · question {b.question} · passages {b.passages}"
         f" (max {b.max_retrieval_tokens}) · draft {b.draft} · free {b.free} / limit {b.limit}"
-        f"<br>this round: {trace.tokens_prefilled} pre-filled, {trace.tokens_reused} from the KV cache"
+        f"<br>this round: {trace.tokens_prefilled} pre-filled, {'unknown' if reused is None else reused} from the KV cache"
         f"{saved}</div>"
     )
 
@@ -59,18 +60,32 @@ def timings_html(timings: dict[str, float]) -> str:
 
 
 # ------------------------------------------------------------------------------ round / answer
+# What each round action did to the answer (hover text of the header's action).
+ACTION_MEANINGS = {
+    "accept": "no retrieval: the segment stays in the answer",
+    "continue": "retrieved: the segment stays and the answer goes on after the passages",
+    "regenerate": "retrieved: the segment is dropped and written again with the passages",
+    "skip": "no retrieval rounds left: the segment stays, the answer finishes from the context",
+    "restore": "the model ended its turn after the passages: the flagged segment is kept",
+}
+
+
 def round_header_html(
-    question: str, index: int, total: int, finished: bool = True, rounds: Sequence[RoundTrace] = ()
+    question: str, index: int, total: int, finished: bool = True, rounds: Sequence[RoundTrace] = (),
+    policy: str = "",
 ) -> str:
-    """`Round i of n` with the question; `so far` while a live run is still going."""
+    """`Round i of n` with the question, the run's policy (continue / regenerate after a
+    retrieval) and the round's action; `so far` while a live run is still going."""
     if total == 0:
         label = "No rounds yet"
     else:
         label = f"Round {index + 1} of {total}" + ("" if finished else " so far")
-    extra = ""
+    extra = f' · policy <code class="rig-policy">{esc(policy)}</code>' if policy else ""
     if rounds and 0 <= index < len(rounds):
         r = rounds[index]
-        extra = f" · action <code>{esc(r.action)}</code> · retrievals so far {r.retrieval_round}"
+        meaning = esc(ACTION_MEANINGS.get(r.action, r.action))
+        extra += (f' · action <code class="rig-action" title="{meaning}">{esc(r.action)}</code>'
+                  f" · retrievals so far {r.retrieval_round}")
     return (
         f'<div class="rig-header" style="{BOX_STYLE}"><b class="rig-round-label">{label}</b>{extra}'
         f'<div class="rig-question"><b>Q:</b> {esc(question)}</div></div>'
@@ -89,7 +104,7 @@ def answer_html(result: RIGResult | None) -> str:
         f'<span class="rig-answer-text">{esc(result.answer)}</span>'
         f'<div style="{MUTED_STYLE}">{len(result.rounds)} rounds · {result.used_retrieval_times} retrievals'
         f" · tokens generated {tok.get('generated', 0)}, pre-filled {tok.get('prefilled', 0)},"
-        f" reused {tok.get('reused', 0)}{cites}{flags}</div></div>"
+        f" reused {'unknown' if tok.get('reused', 0) is None else tok.get('reused', 0)}{cites}{flags}</div></div>"
     )
 
 
@@ -112,7 +127,7 @@ def results_html(results: Mapping[str, RIGResult]) -> str:
         t = r.tokens
         rows.append([
             f"<b>{esc(name)}</b>", esc(r.answer), str(r.used_retrieval_times), str(len(r.rounds)),
-            str(t.get("generated", 0)), str(t.get("prefilled", 0)), str(t.get("reused", 0)),
+            str(t.get("generated", 0)), str(t.get("prefilled", 0)), "unknown" if t.get("reused", 0) is None else str(t.get("reused", 0)),
             fmt(r.timings.get("total"), 1), "yes" if r.low_confidence else "",
         ])
     head = ["system", "answer", "retrievals", "rounds", "generated", "pre-filled", "cached",

@@ -1,0 +1,145 @@
+"""`rigkit serve` under load: latency and throughput, one client alone vs many at once.
+
+Starts `rigkit serve` (CPU profile, one model, one worker, a bounded queue) on a free loopback
+port, then
+    alone    one client asks the questions one after another
+    load     C concurrent clients x Q questions each; a 429 is retried after its `Retry-After`
+and prints p50 / p95 latency (a client's wall time per answer, queueing and retries included),
+throughput (answers per second), the 429 count, and the ratios load / alone. Every question must
+end with exactly one answer: a lost or failed request is an error, not a statistic.
+
+    python bench/serve.py            # 16 clients x 3 questions, 24-token answers: the README figures
+    python bench/serve.py --quick    # 4 clients x 2 questions, 8-token answers (~a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 clients x 2 questions, 8-token answers")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--questions", type=int, default=3, help="questions per client")
+    p.add_argument("--max-tokens", type=int, default=24, help="answer token limit per question")
+    p.add_argument("--max-queue", type=int, default=8, help="the server's queue bound")
+    p.add_argument("--url", help="an already running server instead of starting one")
+    args = p.parse_args()
+    if args.quick:
+        args.clients, args.questions, args.max_tokens = 4, 2, 8
+    questions = [json.loads(line)["question"] for line in (ROOT / "data/demo/questions.jsonl").open()]
+    # a terminated benchmark must not leave its server running: SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    server = None if args.url else _start(args.max_queue)
+    base = args.url or server[0]
+    try:
+        print(f"server {base}  clients {args.clients} x {args.questions} questions, "
+              f"max_tokens {args.max_tokens}, queue bound {args.max_queue}, {os.cpu_count()} cores, "
+              f"load average {os.getloadavg()[0]:.1f}")
+        options = {"max_tokens": args.max_tokens}
+        _ask(base, questions[0], options)  # warm-up (first-call allocations), not counted
+        alone = _run(base, questions, options, clients=1, per_client=min(len(questions), 5))
+        load = _run(base, questions, options, clients=args.clients, per_client=args.questions)
+    finally:
+        if server is not None:
+            server[1].terminate()
+            server[1].wait(60)
+    _report(alone, load)
+    return 0
+
+
+def _start(max_queue: int) -> tuple[str, subprocess.Popen]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "rigkit.cli", "serve", "--config", str(ROOT / "configs/cpu.yaml"),
+                             "--port", str(port), "--max-queue", str(max_queue)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise SystemExit(f"rigkit serve exited:\n{log.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return base, proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("rigkit serve did not start in 300 s")
+
+
+def _ask(base: str, question: str, options: dict) -> tuple[float, int]:
+    """(seconds until the answer, 429s met on the way); retries after `Retry-After`."""
+    refused, start = 0, time.perf_counter()
+    with httpx.Client(timeout=600) as http:
+        while True:
+            r = http.post(f"{base}/chat", json={"question": question, "options": options})
+            if r.status_code == 429:
+                refused += 1
+                time.sleep(min(float(r.headers.get("retry-after", "1")), 5.0))
+                continue
+            r.raise_for_status()
+            if not r.json()["answer"].strip():
+                raise RuntimeError(f"an empty answer to {question!r}")
+            return time.perf_counter() - start, refused
+
+
+def _run(base: str, questions: list[str], options: dict, clients: int, per_client: int) -> dict:
+    lock, latencies, refusals = threading.Lock(), [], [0]
+
+    def client(i: int) -> None:
+        for j in range(per_client):
+            seconds, refused = _ask(base, questions[(i + j) % len(questions)], options)
+            with lock:
+                latencies.append(seconds)
+                refusals[0] += refused
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))  # re-raises the first failure
+    wall = time.perf_counter() - start
+    expected = clients * per_client
+    if len(latencies) != expected:
+        raise RuntimeError(f"{expected - len(latencies)} of {expected} questions got no answer")
+    latencies.sort()
+    return {"clients": clients, "answers": expected, "wall_s": wall, "throughput": expected / wall,
+            "p50": statistics.median(latencies), "p95": latencies[max(0, round(0.95 * len(latencies)) - 1)],
+            "refused": refusals[0]}
+
+
+def _report(alone: dict, load: dict) -> None:
+    print(f"{'':10}{'clients':>8}{'answers':>8}{'p50 s':>8}{'p95 s':>8}{'answers/s':>11}{'429s':>6}")
+    for name, r in (("alone", alone), ("load", load)):
+        print(f"{name:10}{r['clients']:>8}{r['answers']:>8}{r['p50']:>8.2f}{r['p95']:>8.2f}"
+              f"{r['throughput']:>11.2f}{r['refused']:>6}")
+    print(f"load / alone: p50 x{load['p50'] / alone['p50']:.1f}, p95 x{load['p95'] / alone['p95']:.1f}, "
+          f"throughput x{load['throughput'] / alone['throughput']:.2f} (one model, one worker: "
+          "throughput stays flat and the wait grows with the queue); nothing lost")
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps({"alone": alone, "load": load}, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

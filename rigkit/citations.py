@@ -1,0 +1,104 @@
+"""Attribution: which passage, if any, supports each sentence of an answer.
+
+A sentence is attributed to the passage sharing the most content words with it (jieba words for
+Chinese, stop words skipped), provided the passage holds at least `min_shared` of them and at
+least `min_share` of the sentence's content words: a sentence no passage supports gets no
+citation. A sentence may only cite a passage that was in context when it was written (`visible`),
+so a passage retrieved a round later cannot vouch for it. Citation tags the model wrote itself
+(or copied from a passage) are removed first: the answer carries only the tags placed here.
+
+A lexical check, not an entailment model: cheap, deterministic and the same for every system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+from rigkit.text import citation_tag, content_words, has_cjk, sentence_spans, strip_citations
+from rigkit.trace import Attribution, Hit
+
+__all__ = ["attribute", "cite", "written_with"]
+
+
+def attribute(
+    answer: str,
+    passages: Sequence[Hit],
+    visible: Sequence[tuple[int, Collection[str] | None]] = (),
+    min_shared: int = 2,
+    min_share: float = 0.5,
+) -> list[Attribution]:
+    """Attribute each sentence of `answer` (citation tags removed) to a supporting passage.
+
+    `visible` lists (offset, chunk ids): from that character offset of the answer on, the text
+    was written with those passages in context; sorted by offset. Empty: every passage was.
+    """
+    text = strip_citations(answer)
+    words = {h.chunk_id: content_words(f"{h.title} {h.text}") for h in passages}
+    out = []
+    for start, end in sentence_spans(text):
+        seen = _visible_at(start, visible, words)
+        sentence_words = content_words(text[start:end])
+        item = Attribution(text[start:end], start, end, visible=seen)
+        best = max(seen, key=lambda cid: len(sentence_words & words[cid]), default=None)
+        if best is not None:
+            shared = len(sentence_words & words[best])
+            if shared >= min_shared and shared >= min_share * len(sentence_words):
+                item.cited, item.shared = best, shared
+        out.append(item)
+    return out
+
+
+def _visible_at(
+    offset: int, visible: Sequence[tuple[int, Collection[str] | None]], known: dict[str, set[str]]
+) -> list[str]:
+    """Chunk ids visible to the text at `offset`: those of the last piece starting at or before it."""
+    ids: Collection[str] | None = None if not visible else ()
+    for start, chunk_ids in visible:
+        if start > offset:
+            break
+        ids = chunk_ids
+    return list(known) if ids is None else [cid for cid in ids if cid in known]
+
+
+def written_with(
+    parts: Sequence[tuple[str, Collection[str] | None]], clean: Callable[[str], str]
+) -> list[tuple[int, Collection[str] | None]]:
+    """Where each raw draft piece starts in the cleaned answer, with the passages it could see.
+
+    `parts` are (raw text, chunk ids in context when it was written) in draft order; `clean` is
+    what turns the raw draft into the answer. A piece starts where the cleaned text of the
+    pieces before it ends (cleaning is local: markers and spacing). None ids: unknown, so every
+    passage counts as visible there (traces older than version 2).
+    """
+    out: list[tuple[int, Collection[str] | None]] = []
+    raw = ""
+    for text, ids in parts:
+        out.append((len(clean(raw)), ids))
+        raw += text
+    return out
+
+
+def cite(
+    answer: str,
+    passages: Sequence[Hit],
+    visible: Sequence[tuple[int, Collection[str] | None]] = (),
+    tags: bool = True,
+) -> tuple[str, list[str], list[Attribution]]:
+    """(answer with a `[[citation:ID]]` after each supported sentence, cited ids, attributions).
+
+    With `tags=False` the answer carries no tags; the ids and attributions are the same.
+    """
+    text = strip_citations(answer)
+    attributions = attribute(text, passages, visible)
+    cited = list(dict.fromkeys(a.cited for a in attributions if a.cited))
+    if not tags:
+        return text, cited, attributions
+    pieces, cursor = [], 0
+    for item in attributions:
+        if item.cited:
+            # a space after Latin text; none after CJK punctuation, which is written without one
+            space = "" if has_cjk(text[item.end - 1 : item.end]) or text[item.end - 1] in "。！？" else " "
+            pieces += [text[cursor : item.end], space, citation_tag(item.cited)]
+            cursor = item.end
+    pieces.append(text[cursor:])
+    return "".join(pieces), cited, attributions

@@ -1,0 +1,185 @@
+"""Answer scores comparable with published numbers: official EM / F1, Chinese per character, and
+the short-answer extraction small chat models need.
+
+English (any gold without CJK characters) is scored exactly as the official SQuAD v1.1
+evaluation script (`evaluate-v1.1.py`: `normalize_answer`, `f1_score`, `exact_match_score`,
+`metric_max_over_ground_truths`), with HotpotQA's yes/no rule from its official
+`hotpot_evaluate_v1.py` (`f1_score`: a yes / no / noanswer answer is right or wrong, never partly
+right); 2WikiMultihopQA and MuSiQue reuse these scripts. Their normalisation lowercases, *removes*
+ASCII punctuation (so "Jean-Luc" is "jeanluc"), removes the English articles a / an / the and
+collapses whitespace; Unicode punctuation such as “ ” is kept, as the scripts keep it.
+
+A gold with CJK characters takes a separate path (the scripts would make a whole Chinese sentence
+one token): lowercase, every Unicode punctuation character removed, each CJK character its own
+token and Latin runs whole (CMRC 2018's mixed segmentation), then the same bag-of-tokens F1.
+
+Small chat models answer in sentences, so strict EM is near 0 even when the answer is right.
+`extract_answer` takes the short answer out of the reply (documented rules below); the
+evaluation reports EM / F1 on it *beside* the raw scores, never instead of them.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+
+from rigkit.text import fact_words, first_sentence, has_cjk, mentions, strip_citations, word_units
+
+__all__ = [
+    "normalize_answer",
+    "squad_f1",
+    "squad_exact",
+    "normalize_chinese",
+    "chinese_tokens",
+    "answer_tokens",
+    "exact_match",
+    "token_f1",
+    "cover_match",
+    "extract_answer",
+]
+
+_YES_NO = ("yes", "no", "noanswer")
+
+
+# -- the official scripts, ported line for line ----------------------------------------------
+def normalize_answer(s: str) -> str:
+    """Lower text and remove punctuation, articles and extra whitespace (SQuAD v1.1, verbatim)."""
+
+    def remove_articles(text: str) -> str:
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text: str) -> str:
+        return " ".join(text.split())
+
+    def remove_punc(text: str) -> str:
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    def lower(text: str) -> str:
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def _bag_f1(prediction_tokens: list[str], ground_truth_tokens: list[str]) -> float:
+    common = Counter(prediction_tokens) & Counter(ground_truth_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0
+    precision = 1.0 * num_same / len(prediction_tokens)
+    recall = 1.0 * num_same / len(ground_truth_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def squad_f1(prediction: str, ground_truth: str) -> float:
+    """Token F1 of SQuAD v1.1's `f1_score`, with HotpotQA's yes/no/noanswer rule first."""
+    normalized_prediction = normalize_answer(prediction)
+    normalized_ground_truth = normalize_answer(ground_truth)
+    if normalized_prediction in _YES_NO and normalized_prediction != normalized_ground_truth:
+        return 0.0
+    if normalized_ground_truth in _YES_NO and normalized_prediction != normalized_ground_truth:
+        return 0.0
+    return _bag_f1(normalized_prediction.split(), normalized_ground_truth.split())
+
+
+def squad_exact(prediction: str, ground_truth: str) -> float:
+    """SQuAD v1.1's `exact_match_score` as 0.0 / 1.0."""
+    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+# -- the Chinese path -------------------------------------------------------------------------
+def normalize_chinese(text: str) -> str:
+    """Lowercase, no punctuation of any script, no English articles, single spaces."""
+    text = "".join(" " if unicodedata.category(ch).startswith("P") or ch in string.punctuation
+                   else ch for ch in text.lower())
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def chinese_tokens(text: str) -> list[str]:
+    """Every CJK character its own token, Latin/digit runs whole ("KL320 型号" -> kl320 型 号)."""
+    return [m.group(0) for m in word_units(normalize_chinese(text))]
+
+
+# -- what the evaluation calls ----------------------------------------------------------------
+def answer_tokens(text: str, chinese: bool | None = None) -> list[str]:
+    """Normalised tokens on the path the text's script selects (or `chinese` forces)."""
+    if chinese is None:
+        chinese = has_cjk(text)
+    return chinese_tokens(text) if chinese else normalize_answer(text).split()
+
+
+def exact_match(prediction: str, golds: Sequence[str]) -> float:
+    """Best EM over the gold answer and its aliases (each gold picks its script's path)."""
+    scores = [
+        float(chinese_tokens(prediction) == chinese_tokens(g)) if has_cjk(g) else squad_exact(prediction, g)
+        for g in golds if g
+    ]
+    return max(scores, default=0.0)
+
+
+def token_f1(prediction: str, golds: Sequence[str]) -> float:
+    """Best F1 over the golds (`metric_max_over_ground_truths`)."""
+    scores = [
+        _bag_f1(chinese_tokens(prediction), chinese_tokens(g)) if has_cjk(g) else squad_f1(prediction, g)
+        for g in golds if g
+    ]
+    return max(scores, default=0.0)
+
+
+def _contains(haystack: list[str], needle: list[str]) -> bool:
+    n = len(needle)
+    return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def cover_match(prediction: str, golds: Sequence[str]) -> float:
+    """1.0 if some gold answer's normalised tokens occur contiguously in the prediction."""
+    return float(any(
+        _contains(answer_tokens(prediction, has_cjk(g)), answer_tokens(g, has_cjk(g)))
+        for g in golds if g
+    ))
+
+
+# -- short-answer extraction ------------------------------------------------------------------
+_ANSWER_IS = re.compile(
+    r"(?:final answer|short answer|the answer|answer)\s*(?:is|was|would be|:)\s*:?\s*(?P<rest>.+)"
+    r"|答案(?:是|为|：|:)\s*(?P<zh>.+)",
+    re.IGNORECASE | re.DOTALL,
+)
+_YES_NO_QUESTION = re.compile(
+    r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should)\b", re.IGNORECASE
+)
+_LEADING_YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
+_TRIM = " \t\n\"'“”‘’«»()[]*.,;:!?。，；：！？"
+
+
+def extract_answer(reply: str, question: str) -> str:
+    """The short answer in a sentence-long reply; the reply's first sentence when none is found.
+
+    Rules, first that applies:
+    1. text after "the answer is" / "answer:" / "答案是", up to the end of that sentence;
+    2. a yes/no question ("Is ...", "Did ...") whose reply opens with yes or no: that word;
+    3. the first fact-shaped phrase of the first sentence (name, title, date, number, code:
+       `rigkit.text.fact_words`) that the question does not already mention: the noun phrase
+       that answers it (the question's own entities are what is asked about, not the answer);
+    4. otherwise the first sentence.
+    """
+    text = strip_citations(reply).strip()
+    if not text:
+        return ""
+    found = _ANSWER_IS.search(text)
+    if found:
+        rest = found.group("rest") or found.group("zh") or ""
+        short = first_sentence(rest, capital_ends=False).strip(_TRIM)
+        if short:
+            return short
+    sentence = first_sentence(text, capital_ends=False) or text
+    yes_no = _LEADING_YES_NO.match(sentence)
+    if yes_no and _YES_NO_QUESTION.match(question):
+        return yes_no.group(1).lower()
+    for word in fact_words(sentence):
+        if not mentions(question, word.text):
+            return word.text.strip(_TRIM)
+    return sentence.strip(_TRIM)

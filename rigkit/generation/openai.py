@@ -1,0 +1,449 @@
+"""A served model as the generator: any OpenAI-compatible `/v1/completions` endpoint.
+
+vLLM, SGLang, llama.cpp's server and the like do the batching and the prefix caching; rigkit
+keeps the transcript. The chat template is rendered here with the model's own tokenizer, and
+each segment continues the open assistant turn as a plain completion, so the server never
+re-renders the conversation. Concessions, each recorded in `source` (and so in every result):
+- Prompts are token ids where the server takes them (vLLM: text is never re-tokenised
+  differently), else text (llama.cpp's server takes only strings). Which one is probed once.
+- The stop rule is the in-process one (`find_stop`) applied to the streamed text, cutting at the
+  first match and closing the stream, so both backends split an answer at the same places.
+  Stop strings (at most 4: OpenAI's limit) go to the server only where it keeps them in the
+  output (vLLM's `include_stop_str_in_output`); a server that strips them would drop the very
+  token the stop rule keeps.
+- Per-token log-probabilities come from `logprobs` top-k (default 20, vLLM's default cap):
+  the chosen token's log-probability is exact; the entropy is a truncated estimate from the
+  top-k, `-sum p log p - r log r` with `r` the mass outside the top-k (a lower bound of the
+  true entropy).
+- Prefix reuse happens on the server: `usage.prompt_tokens_details.cached_tokens` becomes
+  `tokens_reused` when the server reports it, else `None` ("unknown", not 0).
+- `on_token` gets each token's text as the stream delivers it, never past the stop rule's cut.
+- Marker tags that are special tokens (`StopRule.keep`, e.g. R1-Searcher's `<|begin_of_search|>`)
+  must survive decoding. vLLM sends token ids, decoded here with those tags kept, and is asked
+  for `skip_special_tokens: false` so its stop strings see them; SGLang is asked the same. Other
+  servers (llama.cpp's) decide themselves whether special tokens reach the text: where the
+  tokenizer makes a kept tag a special token, `source` says they may be dropped, and a protocol
+  with word tags (`<search>`) is the safe choice there.
+No attentions or hidden states: the generator does not satisfy `SupportsAttention` /
+`SupportsHiddenStates`, and deciders that need them refuse it when they are built.
+
+Thread safety: one instance may serve several threads at once (e.g. concurrent evaluation).
+The HTTP client is thread-safe and each call keeps its state on the stack; the tokenizer, its
+piece cache and the one-time server probe sit behind a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rigkit.errors import InputError, RigkitError
+from rigkit.generation.hf import _decode, _kept_ids  # the same decoding as in-process
+from rigkit.generation.stops import find_stop
+from rigkit.trace import Segment
+from rigkit.transcript import Piece, StopRule, tokenize_plain
+
+if TYPE_CHECKING:
+    from rigkit.config import GeneratorConfig
+
+__all__ = ["OpenAIGenerator", "ServerError", "truncated_entropy"]
+
+RETRY_STATUS = (429, 502, 503, 504)
+MAX_STOP_STRINGS = 4
+
+
+class ServerError(RigkitError, ConnectionError):
+    """The model server is unreachable, refuses the request, or does not serve the model."""
+
+
+@dataclass
+class _Server:
+    """What the one-time probe of `/models` found."""
+
+    models: list[str]
+    vllm: bool  # vLLM takes token-id prompts, returns token ids and keeps stop strings on request
+    sglang: bool = False  # SGLang takes `skip_special_tokens` (text back, not token ids)
+
+
+class OpenAIGenerator:
+    """A model behind an OpenAI-compatible server, continuing rigkit's transcript segment by segment."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        *,
+        api_key: str | None = None,
+        top_logprobs: int = 20,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        prompt_format: str = "auto",
+        transport: Any = None,
+    ):
+        import httpx
+
+        if prompt_format not in ("auto", "tokens", "text"):
+            raise InputError(f"prompt_format must be auto, tokens or text, not {prompt_format!r}")
+        if top_logprobs < 1:
+            raise InputError(f"top_logprobs must be >= 1, got {top_logprobs}")
+        self.base_url = base_url.rstrip("/")
+        self.spec, self.tokenizer = model, tokenizer
+        self.top_logprobs, self.temperature, self.top_p, self.seed = top_logprobs, temperature, top_p, seed
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self.prompt_format = prompt_format
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout), transport=transport
+        )
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+        self._piece_ids: dict[str, list[int]] = {}
+        self._special_tags_at_risk = False  # kept tags are special tokens the server may skip
+        self.eos_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    @classmethod
+    def from_config(cls, config: GeneratorConfig, transport: Any = None) -> OpenAIGenerator:
+        """Built from `generator:` in a run config (`backend: openai`)."""
+        if not config.base_url:
+            raise InputError("backend openai needs generator.base_url (e.g. http://127.0.0.1:8000/v1)")
+        api_key = None
+        if config.api_key_env:
+            api_key = os.environ.get(config.api_key_env)
+            if not api_key:
+                raise InputError(f"environment variable {config.api_key_env} (generator.api_key_env) is not set")
+        tokenizer = load_tokenizer(config.tokenizer or config.model, config.trust_remote_code)
+        return cls(
+            config.base_url, config.model, tokenizer, api_key=api_key, top_logprobs=config.top_logprobs,
+            temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+            timeout=config.request_timeout, max_retries=config.max_retries, transport=transport,
+        )
+
+    @property
+    def source(self) -> str:
+        """How this backend produced its numbers, for the result's `model.source`."""
+        server = self._server
+        prompts = "?" if server is None else "token-id prompts" if self._token_prompts(server) else "text prompts"
+        stops = "?" if server is None else "server stop strings + stop rule" if server.vllm else "stop rule on the stream"
+        tags = "; special-token marker tags may be dropped by this server" if self._special_tags_at_risk else ""
+        return (
+            f"openai-compatible {self.base_url} ({prompts}; {stops}; logprobs top-{self.top_logprobs}; "
+            f"entropy: truncated top-{self.top_logprobs} estimate{tags})"
+        )
+
+    # -- the Generator protocol ------------------------------------------------------------
+    def next_segment(
+        self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int,
+        on_token: Callable[[str], None] | None = None,
+    ) -> Segment:
+        server = self._probe()
+        ids = self.encode(prompt)
+        tokens = self._token_prompts(server)
+        body: dict[str, Any] = {
+            "model": self.spec,
+            "prompt": ids if tokens else "".join(p.text for p in prompt),
+            "max_tokens": max_new_tokens,
+            "logprobs": self.top_logprobs,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self._sampling(),
+        }
+        if server.vllm:
+            body.update(return_tokens_as_token_ids=True, include_stop_str_in_output=True,
+                        skip_special_tokens=False)
+            if strings := _stop_strings(stop):
+                body["stop"] = strings
+        elif server.sglang and stop.keep:
+            body["skip_special_tokens"] = False
+        elif stop.keep and _kept_ids(self.tokenizer, stop):
+            self._special_tags_at_risk = True  # no way to ask this server: said in `source`
+        texts, token_ids, logprobs, entropies = [], [], [], []
+        finish, usage, cut, sent = "length", None, None, 0
+        keep = _kept_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
+        events = self._stream("/completions", body)
+        try:
+            for chunk in events:
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    self._read_choice(choice, server, keep, texts, token_ids, logprobs, entropies)
+                    if choice.get("finish_reason"):
+                        finish = "end_of_turn" if choice["finish_reason"] == "stop" else "length"
+                cut = find_stop("".join(texts), stop)
+                if on_token is not None:
+                    upto = len(texts) if cut is None else _pieces_upto(texts, cut)
+                    for piece in texts[sent:upto]:
+                        if piece:
+                            on_token(piece)  # may raise to abort (a client that went away)
+                    sent = max(sent, upto)
+                if cut is not None:
+                    if server.vllm:  # it stops on the same strings: its last event carries the usage
+                        usage = _usage_after(events, limit=4) or usage
+                    break  # closing the stream tells the server to stop
+        finally:
+            events.close()
+        keep = len(texts)
+        if cut is not None:
+            finish, keep = "stop", _pieces_upto(texts, cut)
+        segment = Segment(
+            text="".join(texts[:keep]), tokens=texts[:keep], token_ids=token_ids[:keep],
+            logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
+        )
+        cached = _cached_tokens(usage)
+        prompt_len = int(usage.get("prompt_tokens", len(ids))) if usage else len(ids)
+        segment.tokens_reused = cached
+        segment.tokens_prefilled = prompt_len - (cached or 0)
+        return segment
+
+    def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
+        """One greedy helper reply (e.g. a query rewrite) through the same completions endpoint."""
+        self._probe()
+        text = self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        body = {"model": self.spec, "prompt": text, "max_tokens": max_new_tokens, "temperature": 0.0}
+        reply = self._request("POST", "/completions", body).json()
+        return (reply.get("choices") or [{}])[0].get("text", "").strip()
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._piece_tokens(text))
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        with self._lock:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+
+    def encode(self, prompt: Sequence[Piece]) -> list[int]:
+        """Token ids of the prompt: generated pieces verbatim, text pieces tokenised locally."""
+        ids: list[int] = []
+        for piece in prompt:
+            if piece.token_ids is not None:
+                ids.extend(piece.token_ids)
+                continue
+            for text, plain in piece.parts():  # document text never makes special tokens
+                ids.extend(tokenize_plain(self.tokenizer, text) if plain else self._piece_tokens(text))
+        return ids
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- reading a streamed choice ---------------------------------------------------------
+    def _read_choice(self, choice: dict, server: _Server, keep: frozenset[int], texts: list,
+                     token_ids: list, logprobs: list, entropies: list) -> None:
+        lp = choice.get("logprobs")
+        if not lp or lp.get("tokens") is None:
+            if choice.get("text"):
+                raise ServerError(
+                    f"the model server at {self.base_url} returned no log-probabilities; rigkit needs "
+                    "them (llama.cpp's server: start it with --logits_all true)"
+                )
+            return
+        tokens, values = lp["tokens"], lp.get("token_logprobs") or []
+        tops = lp.get("top_logprobs") or [None] * len(tokens)
+        if server.vllm:
+            new_ids = [_token_id(t) for t in tokens]
+            texts.extend(self._texts_of(token_ids, new_ids, keep))
+            token_ids.extend(new_ids)
+        else:
+            texts.extend(tokens)
+            token_ids.extend(self._id_of(t) for t in tokens)
+        logprobs.extend(float(v) if v is not None else 0.0 for v in values)
+        entropies.extend(truncated_entropy(list((top or {}).values())) for top in tops)
+
+    def _texts_of(self, before: list[int], new_ids: list[int], keep: frozenset[int]) -> list[str]:
+        """Per-token text of `new_ids` following `before` (multi-byte safe, like the HF backend)."""
+        with self._lock:
+            head = _decode(self.tokenizer, before, keep)
+            out = []
+            for i in range(len(new_ids)):
+                text = _decode(self.tokenizer, before + new_ids[: i + 1], keep)
+                if text.endswith("\ufffd"):
+                    out.append("")
+                    continue
+                out.append(text[len(head):])
+                head = text
+            return out
+
+    def _id_of(self, token_text: str) -> int:
+        """A text-mode token's id, re-tokenised locally (the server only sent its text)."""
+        ids = self._piece_tokens(token_text)
+        return ids[0] if ids else (self.tokenizer.unk_token_id or 0)
+
+    def _piece_tokens(self, text: str) -> list[int]:
+        with self._lock:
+            if text not in self._piece_ids:
+                if len(self._piece_ids) > 4096:
+                    self._piece_ids.clear()
+                self._piece_ids[text] = self.tokenizer(text, add_special_tokens=False).input_ids
+            return self._piece_ids[text]
+
+    def _sampling(self) -> dict[str, Any]:
+        if self.temperature <= 0:
+            return {"temperature": 0.0}
+        extra = {"seed": self.seed} if self.seed is not None else {}
+        return {"temperature": self.temperature, "top_p": self.top_p, **extra}
+
+    def _token_prompts(self, server: _Server) -> bool:
+        return self.prompt_format == "tokens" or (self.prompt_format == "auto" and server.vllm)
+
+    # -- HTTP ------------------------------------------------------------------------------
+    def _probe(self) -> _Server:
+        """Once: list the served models, check ours is among them, and learn the server kind."""
+        with self._lock:
+            if self._server is None:
+                data = self._request("GET", "/models").json().get("data") or []
+                names = [str(m.get("id")) for m in data]
+                if names and self.spec not in names:
+                    raise ServerError(
+                        f"model {self.spec!r} is not served at {self.base_url}; it serves: {', '.join(names)}"
+                    )
+                owner = str(next((m.get("owned_by") for m in data if m.get("id") == self.spec), "")).lower()
+                self._server = _Server(names, vllm=owner == "vllm", sglang=owner == "sglang")
+            return self._server
+
+    def _request(self, method: str, path: str, body: dict | None = None, stream: bool = False) -> Any:
+        """One request with retries on connection errors and 429/50x (backoff, Retry-After)."""
+        import httpx
+
+        url = f"{self.base_url}{path}"
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                request = self._client.build_request(method, path, json=body)
+                response = self._client.send(request, stream=stream)
+            except httpx.TimeoutException:
+                if last:
+                    raise ServerError(f"the model server at {url} did not answer within {self.timeout:g} s") from None
+            except httpx.TransportError as err:
+                if last:
+                    raise ServerError(
+                        f"cannot reach the model server at {url} ({type(err).__name__}: {err}); is it running?"
+                    ) from None
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in RETRY_STATUS or last:
+                    raise self._http_error(response, url)
+                wait = _retry_after(response)
+                response.close()
+                time.sleep(wait if wait is not None else self.backoff * 2**attempt)
+                continue
+            time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _http_error(self, response: Any, url: str) -> ServerError:
+        response.read()
+        detail = response.text.strip().replace("\n", " ")[:300]
+        status = response.status_code
+        if status in (401, 403):
+            return ServerError(f"the model server at {url} refused the request ({status}): check the API key")
+        if status == 404 and "model" in detail.lower():
+            return ServerError(f"the model server at {url} does not serve model {self.spec!r} (404): {detail}")
+        return ServerError(f"the model server at {url} answered {status}: {detail}")
+
+    def _stream(self, path: str, body: dict) -> Iterator[dict]:
+        """Parsed server-sent events of a streamed completion, until `[DONE]` or the caller stops."""
+        response = self._request("POST", path, body, stream=True)
+        try:
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                event = json.loads(data)
+                if "error" in event:
+                    raise ServerError(f"the model server at {self.base_url}{path} failed: {event['error']}")
+                yield event
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ServerError(f"the model server at {self.base_url}{path} sent an unreadable stream: {err}") from None
+        finally:
+            response.close()
+
+
+def truncated_entropy(top_logprobs: Sequence[float]) -> float:
+    """Entropy (nats) estimated from the top-k log-probabilities of one step.
+
+    `-sum p log p` over the top-k plus `-r log r` for the mass `r` outside them: a lower bound of
+    the true entropy (the tail, spread over many tokens, contributes at least `-r log r`).
+    """
+    probs = [math.exp(v) for v in top_logprobs if v is not None and math.isfinite(v)]
+    entropy = -sum(p * math.log(p) for p in probs if p > 0)
+    rest = 1.0 - sum(probs)
+    if rest > 1e-9:
+        entropy -= rest * math.log(rest)
+    return max(0.0, entropy)
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
+    """The served model's tokenizer by hub name or path; the default short name stays offline."""
+    from rigkit.generation.loading import DEFAULT_MODEL, default_tokenizer
+
+    if name.lower() == DEFAULT_MODEL:
+        return default_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise InputError(
+            f"cannot load the tokenizer {name!r} ({type(err).__name__}); name the served model's tokenizer "
+            "with generator.tokenizer (a hub id or a local folder)"
+        ) from None
+
+
+def _stop_strings(stop: StopRule) -> list[str]:
+    """Strings a server can stop on that the stop rule also ends at (it checks the rest)."""
+    strings = [stop.marker_close] if stop.marker_close else []
+    if stop.sentence:
+        strings += [". ", "? ", "! ", ".\n"]
+    return strings[:MAX_STOP_STRINGS]
+
+
+def _pieces_upto(texts: list[str], cut: int) -> int:
+    """How many token texts it takes to reach character `cut` (the one holding it included)."""
+    seen = 0
+    for i, piece in enumerate(texts):
+        seen += len(piece)
+        if seen >= cut:
+            return i + 1
+    return len(texts)
+
+
+def _token_id(token: str) -> int:
+    """vLLM's `token_id:123` form (`return_tokens_as_token_ids`)."""
+    if not token.startswith("token_id:"):
+        raise ServerError(f"expected a token id from the server, got {token!r}")
+    return int(token.removeprefix("token_id:"))
+
+
+def _usage_after(events: Iterator[dict], limit: int) -> dict | None:
+    """The usage event that ends a stream, read past at most `limit` further token events."""
+    for chunk in events:
+        if chunk.get("usage"):
+            return chunk["usage"]
+        limit -= 1
+        if limit < 0:
+            return None
+    return None
+
+
+def _cached_tokens(usage: dict | None) -> int | None:
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens")
+    return int(value) if value is not None else None
+
+
+def _retry_after(response: Any) -> float | None:
+    try:
+        return min(30.0, float(response.headers.get("retry-after", "")))
+    except ValueError:
+        return None

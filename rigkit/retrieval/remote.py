@@ -1,0 +1,79 @@
+"""`RemoteRetriever`: search an index served elsewhere (`rigkit serve`'s `POST /retrieve`).
+
+The request/response shape is that of the retrieval servers Search-R1-style training and
+evaluation stacks use: `{"queries": [...], "topk": k}` in, `{"result": [[{id, title, text, score},
+...], ...]}` out (one list per query), so many generation workers can share one index server.
+Plain `urllib`: the core needs no HTTP client dependency for one POST.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+from rigkit.errors import RigkitError
+from rigkit.trace import Hit
+
+__all__ = ["RemoteRetriever", "RemoteRetrievalError", "is_remote"]
+
+
+class RemoteRetrievalError(RigkitError, ConnectionError):
+    """The retrieval server could not be reached or answered something else than hits."""
+
+
+def is_remote(location: str | None) -> bool:
+    """Whether an index location is a retrieval server's URL rather than a folder."""
+    return bool(location) and str(location).startswith(("http://", "https://"))
+
+
+class RemoteRetriever:
+    """A `Retriever` whose index lives behind `url` (e.g. http://127.0.0.1:8100/retrieve).
+
+    `api_key_env` names an environment variable holding a bearer token for servers started
+    with `--api-key-env`.
+    """
+
+    name = "remote"
+
+    def __init__(self, url: str, timeout: float = 30.0, api_key_env: str | None = None):
+        if not is_remote(url):
+            raise RemoteRetrievalError(f"not an http(s) URL: {url!r}")
+        self.url, self.timeout = url, timeout
+        self.api_key = os.environ.get(api_key_env) if api_key_env else os.environ.get("RIGKIT_API_KEY")
+
+    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+        return self.search_many([query], top_k)[0]
+
+    def search_many(self, queries: list[str], top_k: int = 5) -> list[list[Hit]]:
+        """One request for several queries (how training workers batch their searches)."""
+        body = json.dumps({"queries": list(queries), "topk": int(top_k)}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                data = json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode("utf-8", "replace")[:200]
+            raise RemoteRetrievalError(f"{self.url}: HTTP {err.code}: {detail}") from err
+        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as err:
+            raise RemoteRetrievalError(f"{self.url}: {err}") from err
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or len(result) != len(queries):
+            raise RemoteRetrievalError(f"{self.url}: expected {{'result': [one list per query]}}")
+        return [[_hit(item) for item in hits] for hits in result]
+
+
+def _hit(item: dict) -> Hit:
+    chunk_id = str(item.get("id", ""))
+    return Hit(
+        chunk_id=chunk_id,
+        doc_id=str(item.get("doc_id", chunk_id)),
+        title=str(item.get("title", "")),
+        text=str(item.get("text", item.get("contents", ""))),
+        score=float(item.get("score", 0.0)),
+        ranks={"remote": int(item["rank"])} if "rank" in item else {},
+    )

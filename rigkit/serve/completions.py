@@ -1,0 +1,132 @@
+"""`POST /v1/chat/completions`: server-side RIG, or the client-side `search` tool loop.
+
+Without `tools` rigkit retrieves itself; the message carries the cited answer and `rig` holds the
+retrievals, citations and rounds. With a `search` function in `tools`, a round where the decider
+fires ends the response with `finish_reason: "tool_calls"`; the next request, carrying the
+`role: "tool"` results, continues the same answer (see `rigkit.serve.service`). Intermediate
+assistant messages carry the draft written so far; the final one carries the whole answer.
+
+Streams use the held `TokenStream` mode: text reaches the client only once its segment is
+accepted, because OpenAI's chunk format cannot take text back. Streamed content has no citation
+tags; the last content chunk's `rig` field carries the cited answer and the citations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from rigkit.serve import openai_compat as oa
+from rigkit.serve.jobs import Pipe, error_of, sse, submit, wait_job
+from rigkit.serve.schemas import ChatCompletionRequest
+from rigkit.serve.service import RigService, ToolStep, round_summary
+from rigkit.trace import RIGResult
+
+__all__ = ["complete"]
+
+
+async def complete(service: RigService, body: ChatCompletionRequest, request: Request) -> Any:
+    tools = oa.check_tools(body)
+    conversation = oa.parse_messages(body.messages, tools)
+    options = oa.ask_options(body, tools)
+    completion = oa.Completion(body.model or service.model_name)
+    stops = body.stop_strings()
+    limit = options.max_tokens or service.config.generator.max_answer_tokens
+    pipe = Pipe() if body.stream else None
+
+    def work(job: Any) -> Any:
+        on_event = (lambda e: pipe.put(("event", e))) if pipe else None
+        if tools:
+            return service.tool_step(job, conversation.question, conversation.history, conversation.rounds,
+                                     options, on_event=on_event, hold=True)
+        return service.ask(job, conversation.question, conversation.history, options, on_event=on_event, hold=True)
+
+    job = submit(service, pipe, work)
+    if pipe is None:
+        outcome = await wait_job(request, service, job)
+        return JSONResponse(_response(completion, outcome, stops, limit))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return sse(_stream(service, job, pipe, completion, stops, limit, include_usage))
+
+
+def _response(completion: oa.Completion, outcome: RIGResult | ToolStep, stops: list[str], limit: int) -> dict:
+    if isinstance(outcome, ToolStep) and outcome.result is None:
+        message = oa.tool_call_message(outcome.calls, outcome.draft)
+        usage = oa.usage_of(outcome.tokens)
+        return completion.response(message, "tool_calls", usage, {"draft": outcome.draft, "queries": outcome.queries})
+    result = outcome.result if isinstance(outcome, ToolStep) else outcome
+    assert result is not None
+    answer, stopped = oa.cut_at_stop(result.answer, stops)
+    finish = "stop" if stopped else _finish_reason(result, limit)
+    return completion.response({"role": "assistant", "content": answer}, finish, oa.usage_of(result.tokens),
+                               _rig(result))
+
+
+def _finish_reason(result: RIGResult, limit: int) -> str:
+    last = result.rounds[-1].segment if result.rounds else None
+    ended = last is not None and last.finished
+    return "length" if not ended and result.tokens.get("generated", 0) >= limit else "stop"
+
+
+def _rig(result: RIGResult) -> dict[str, Any]:
+    return {
+        "answer": result.answer,
+        "used_retrieval_times": result.used_retrieval_times,
+        "citations": result.citations,
+        "low_confidence": result.low_confidence,
+        "rounds": [round_summary(r) for r in result.rounds],
+        "timings": result.timings,
+        "tokens": result.tokens,
+    }
+
+
+async def _stream(service: RigService, job: Any, pipe: Any, completion: oa.Completion, stops: list[str],
+                  limit: int, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+    def frame(data: dict) -> dict[str, str]:
+        return {"data": json.dumps(data, ensure_ascii=False)}
+
+    text, stopped = "", False
+    try:
+        yield frame(completion.chunk({"role": "assistant", "content": ""}))
+        while True:
+            kind, payload = await pipe.queue.get()
+            if kind == "end":
+                break
+            if kind != "event" or payload.kind != "token" or stopped:
+                continue  # held mode never retracts; rounds are in the final `rig` field
+            cut, stopped = oa.cut_at_stop(text + payload.text, stops)
+            if len(cut) > len(text):
+                yield frame(completion.chunk({"content": cut[len(text):]}))
+            text = cut
+            if stopped:
+                service.worker.cancel(job)  # a stop string: the rest would not be sent anyway
+                break
+        if stopped:
+            yield frame(completion.chunk({}, "stop"))
+            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        else:
+            try:
+                outcome = job.future.result()
+            except Exception as err:  # noqa: BLE001 - the stream's one outcome is this error frame
+                yield frame(error_of(err))
+                yield {"data": "[DONE]"}
+                return
+            if isinstance(outcome, ToolStep) and outcome.result is None:
+                for chunk in completion.tool_call_chunks(outcome.calls):
+                    yield frame(chunk)
+                yield frame(completion.chunk({}, "tool_calls"))
+                usage = oa.usage_of(outcome.tokens)
+            else:
+                result = outcome.result if isinstance(outcome, ToolStep) else outcome
+                yield frame(completion.chunk({}, _finish_reason(result, limit), rig=_rig(result)))
+                usage = oa.usage_of(result.tokens)
+        if include_usage:
+            yield frame(completion.usage_chunk(usage))
+        yield {"data": "[DONE]"}
+    finally:
+        if not job.future.done():
+            service.worker.cancel(job)

@@ -1,0 +1,78 @@
+"""The bridge between request handlers (asyncio) and the model worker thread, and error bodies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+
+from rigkit.errors import InputError
+from rigkit.serve.service import RigService
+from rigkit.serve.worker import Job
+
+__all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "error_of", "RequestError"]
+
+
+class RequestError(ValueError):
+    """A request that is well-typed but unusable; `param` names the field (HTTP 422)."""
+
+    def __init__(self, message: str, param: str, status: int = 422):
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+class ClientGone(Exception):
+    """The client disconnected while its job waited or ran; nothing is sent."""
+
+
+class Pipe:
+    """Carries events from the worker thread to the request's event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def submit(service: RigService, pipe: Pipe | None, fn: Callable[[Job], Any]) -> Job:
+    """Queue `fn` on the worker (raises `Busy` / `Draining`); the pipe gets ("end", None) after."""
+    job = service.worker.submit(fn)
+    if pipe is not None:
+        job.future.add_done_callback(lambda _: pipe.put(("end", None)))
+    return job
+
+
+async def wait_job(request: Request, service: RigService, job: Job) -> Any:
+    """The job's result; if the client disconnects meanwhile, cancel the job (slot freed)."""
+    future = asyncio.wrap_future(job.future)
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=0.25)
+        if done:
+            return future.result()
+        if await request.is_disconnected():
+            service.worker.cancel(job)
+            raise ClientGone()
+
+
+def sse(events: AsyncIterator[dict[str, str]]) -> Any:
+    from sse_starlette.sse import EventSourceResponse
+
+    return EventSourceResponse(events, sep="\n")
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, so its SDK raises these with the message."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_of(err: Exception) -> dict[str, Any]:
+    if isinstance(err, InputError):
+        return error_body(str(err), param="question")
+    if isinstance(err, RequestError):
+        return error_body(str(err), param=err.param)
+    return error_body(f"{type(err).__name__}: {err}", kind="server_error")

@@ -1,0 +1,56 @@
+"""An MCP server (the official `mcp` SDK's FastMCP) with two read-only tools: `search`, `ask`.
+
+Over stdio (`rigkit mcp`) or streamable HTTP, mounted in the app under `/mcp`. Bound to localhost
+the SDK validates `Host` and `Origin` (DNS-rebinding protection); bound wider, the allowed hosts
+and origins are the bind address and localhost. Both tools go through the same `RigService`:
+`ask` waits its turn on the model worker like any other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rigkit.serve.service import RigService
+
+__all__ = ["build_mcp"]
+
+_LOCAL = ("127.0.0.1", "localhost", "::1")
+
+
+def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) -> Any:
+    """A FastMCP server over `service`; `http` readies it to be mounted (path `/mcp`)."""
+    from mcp.server.fastmcp import FastMCP
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    if host not in _LOCAL:
+        hosts.append(f"{host}:*")
+        origins.append(f"http://{host}:*")
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=origins)
+    mcp = FastMCP("rigkit", instructions="Search a rigkit index, or answer with retrieval-interleaved generation.",
+                  host=host, streamable_http_path="/mcp", transport_security=security, stateless_http=http,
+                  json_response=http, log_level="WARNING")
+
+    @mcp.tool()
+    async def search(query: str, top_k: int = 3) -> list[dict[str, Any]]:
+        """Search the index; passages best first, each capped with a visible truncation note."""
+        if not query.strip():
+            raise ValueError("the query is empty")
+        hits = (await asyncio.to_thread(service.search, [query], max(1, min(int(top_k), 20))))[0]
+        return [{"id": h.chunk_id, "title": h.title, "text": service.cap_text(h.text), "score": round(h.score, 4)}
+                for h in hits]
+
+    @mcp.tool()
+    async def ask(question: str) -> dict[str, Any]:
+        """Answer with the RIG loop: the cited answer, how many retrievals it used, and the citations."""
+        if not question.strip():
+            raise ValueError("the question is empty")
+        job = service.worker.submit(lambda job: service.ask(job, question))
+        result = await asyncio.wrap_future(job.future)
+        return {"answer": result.answer, "used_retrieval_times": result.used_retrieval_times,
+                "citations": result.citations, "low_confidence": result.low_confidence}
+
+    return mcp

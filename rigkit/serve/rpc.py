@@ -1,0 +1,115 @@
+"""`POST /rpc`: JSON-RPC 2.0 over the same service (`rig.ask`, `rig.search`, `rig.models`).
+
+Batches run their calls in order; notifications (no `id`) get no reply. Standard codes: -32700
+parse error, -32600 invalid request, -32601 unknown method, -32602 invalid params, -32603
+internal; -32000 is a full queue (HTTP 429 with `Retry-After` when the request was a single call).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from rigkit.errors import InputError
+from rigkit.serve.jobs import submit, wait_job
+from rigkit.serve.schemas import AskParams, SearchParams
+from rigkit.serve.service import AskOptions, RigService
+from rigkit.serve.worker import Busy, Draining
+
+__all__ = ["add_rpc", "PARSE_ERROR", "INVALID_REQUEST", "METHOD_NOT_FOUND", "INVALID_PARAMS"]
+
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
+SERVER_BUSY = -32000
+
+
+class _RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Any = None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def add_rpc(app: FastAPI, service: RigService) -> None:
+    @app.post("/rpc")
+    async def rpc(request: Request) -> Response:
+        try:
+            payload = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            return JSONResponse(_error(None, PARSE_ERROR, f"parse error: {err}"))
+        if isinstance(payload, list):
+            if not payload:
+                return JSONResponse(_error(None, INVALID_REQUEST, "an empty batch"))
+            replies = [r for r in [await _call(service, request, item) for item in payload] if r is not None]
+            return JSONResponse(replies) if replies else Response(status_code=204)
+        reply = await _call(service, request, payload)
+        if reply is None:
+            return Response(status_code=204)
+        busy = reply.get("error", {}).get("code") == SERVER_BUSY
+        headers = {"Retry-After": str(reply["error"]["data"]["retry_after"])} if busy else None
+        return JSONResponse(reply, status_code=429 if busy else 200, headers=headers)
+
+
+async def _call(service: RigService, request: Request, item: Any) -> dict[str, Any] | None:
+    if not isinstance(item, dict) or item.get("jsonrpc") != "2.0" or not isinstance(item.get("method"), str):
+        return _error(item.get("id") if isinstance(item, dict) else None, INVALID_REQUEST,
+                      "invalid request: needs jsonrpc '2.0' and a string method")
+    call_id, notification = item.get("id"), "id" not in item
+    params = item.get("params", {})
+    try:
+        if not isinstance(params, dict):
+            raise _RpcError(INVALID_PARAMS, "params must be an object (named parameters)")
+        result = await _dispatch(service, request, item["method"], params)
+    except _RpcError as err:
+        return None if notification else _error(call_id, err.code, err.message, err.data)
+    return None if notification else {"jsonrpc": "2.0", "id": call_id, "result": result}
+
+
+async def _dispatch(service: RigService, request: Request, method: str, params: dict[str, Any]) -> Any:
+    import asyncio
+
+    if method == "rig.models":
+        return service.model_ids()
+    if method == "rig.search":
+        p = _params(SearchParams, params)
+        queries = p.queries if p.queries is not None else ([p.query] if p.query is not None else None)
+        if not queries or not all(q.strip() for q in queries):
+            raise _RpcError(INVALID_PARAMS, "invalid params: give a non-empty query or queries")
+        hits = await asyncio.to_thread(service.search, queries, p.topk)
+        result = [[{"id": h.chunk_id, "title": h.title, "text": h.text, "score": h.score} for h in q] for q in hits]
+        return result[0] if p.queries is None else result
+    if method == "rig.ask":
+        p = _params(AskParams, params)
+        history = [tuple(pair) for pair in p.history]
+        options = AskOptions(**p.options.model_dump())
+        try:
+            job = submit(service, None, lambda job: service.ask(job, p.question, history, options))
+            result = await wait_job(request, service, job)
+        except Busy as err:
+            raise _RpcError(SERVER_BUSY, str(err), {"retry_after": err.retry_after}) from err
+        except Draining as err:
+            raise _RpcError(SERVER_BUSY, str(err), {"retry_after": 0}) from err
+        except InputError as err:
+            raise _RpcError(INVALID_PARAMS, f"invalid params: {err}") from err
+        except Exception as err:  # noqa: BLE001 - reported to the caller as an internal error
+            raise _RpcError(INTERNAL, f"{type(err).__name__}: {err}") from err
+        return json.loads(result.to_json())
+    raise _RpcError(METHOD_NOT_FOUND, f"method not found: {method!r}; methods: rig.ask, rig.search, rig.models")
+
+
+def _params(model: Any, params: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(params)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise _RpcError(INVALID_PARAMS, f"invalid params: {where}: {first.get('msg')}", {"field": where}) from err
+
+
+def _error(call_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": call_id, "error": error}

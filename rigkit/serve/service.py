@@ -1,0 +1,412 @@
+"""What every endpoint calls: one loaded model and index, reached through the usual controller.
+
+`RigService` builds its parts once with `rigkit.build.build_controller` and, per request, a
+controller over those same parts (`build_controller(config, generator=..., retriever=...)`), so
+the server runs exactly the loop `rigkit ask` runs: there is no second copy of it here. Model
+work goes through the `ModelWorker` (one thread, bounded queue); searches take their own lock.
+
+Client-side tools: when a request declares a `search` tool, the retriever of its controller is a
+`_ToolResults` that answers from the `role: "tool"` messages and, when they run out, suspends the
+run with `ToolCallNeeded` (a BaseException, so the loop's per-round error handling does not take
+it for a failed search). A round with several needs (several marker phrases, or several intents
+of a `marker` / `keywords` query builder, which makes its query from them) asks for one search per
+need: one assistant message with several `tool_calls`, whose `role: "tool"` replies are all
+injected before the answer goes on. The client searches and sends the results; the continuation replays the
+segments the suspended run had written (kept here, keyed by the tool call id) without running the
+model, and then generates on. The generator's cache is not reset for a replay, so when no other
+question ran in between, the KV cache of the pending turn is reused for the shared prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigkit.config import DeciderConfig, RunConfig
+from rigkit.generation.protocol import SupportsReset
+from rigkit.serve.worker import Job, ModelWorker
+from rigkit.streaming import StreamEvent, TokenStream
+from rigkit.trace import Hit, RIGResult, RoundTrace, Segment
+
+__all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "ToolCallNeeded", "round_summary"]
+
+
+@dataclass(frozen=True)
+class AskOptions:
+    """Per-request settings (sampling and loop limits); None keeps the served config's value."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    max_rounds: int | None = None
+    top_k: int | None = None
+    decider: str | None = None
+    threshold: float | None = None
+
+
+@dataclass
+class ToolRound:
+    """One finished client-side tool round: the calls of one assistant message and their results."""
+
+    call_ids: list[str]
+    queries: list[str]
+    results: list[str]
+
+
+@dataclass
+class ToolCall:
+    """One search the client is asked to run."""
+
+    call_id: str
+    query: str
+
+
+@dataclass
+class ToolStep:
+    """The outcome of one tool-mode request: a finished answer, or searches for the client."""
+
+    result: RIGResult | None = None
+    calls: list[ToolCall] = field(default_factory=list)
+    draft: str = ""
+    tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def queries(self) -> list[str]:
+        return [c.query for c in self.calls]
+
+
+class ToolCallNeeded(BaseException):
+    """Suspends a run where the decider fired: the client runs these searches itself."""
+
+    def __init__(self, queries: Sequence[str]):
+        super().__init__("; ".join(queries))
+        self.queries = list(queries)
+
+
+class RigService:
+    """The served run: config, generator, retriever, worker, and the pending tool turns."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        generator: Any = None,
+        retriever: Any = None,
+        max_queue: int = 8,
+        tool_result_tokens: int | None = None,
+        load_model: bool = True,
+    ):
+        """Loads the index now, and the model now or (`load_model=False`) at the first question."""
+        self.config = config
+        if retriever is None:
+            from rigkit.retrieval import open_retriever
+
+            retriever = open_retriever(config.retrieval)
+        if generator is None and load_model:
+            generator = _load_generator(config)
+        self._search_lock = threading.Lock()
+        # the worker's rounds and /retrieve, /rpc, MCP searches share the index: one at a time
+        self._generator, self.retriever = generator, _LockedRetriever(retriever, self._search_lock)
+        self._load_lock = threading.Lock()
+        self.model_name = config.generator.model
+        self.tool_result_tokens = tool_result_tokens or config.context.max_passage_tokens
+        self.worker = ModelWorker(max_queue)
+        self._pending: OrderedDict[str, tuple[str, list[Segment]]] = OrderedDict()
+        self.started = int(time.time())
+
+    @property
+    def generator(self) -> Any:
+        """The served model, loaded on first use when the service was built without it."""
+        if self._generator is None:
+            with self._load_lock:
+                if self._generator is None:
+                    self._generator = _load_generator(self.config)
+        return self._generator
+
+    # -- names -----------------------------------------------------------------------------------
+    def model_ids(self) -> list[str]:
+        """Names a request may give as `model`: the configured name, and the loaded spec."""
+        names = [self.model_name]
+        spec = getattr(self._generator, "spec", "")
+        if spec and spec not in names:
+            names.append(spec)
+        return names
+
+    # -- retrieval (no model needed) ----------------------------------------------------------
+    def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
+        """Hits per query from the served index (one request for a remote index)."""
+        return self.retriever.search_many(list(queries), top_k)
+
+    # -- the RIG loop (on the worker thread) --------------------------------------------------
+    def ask(
+        self,
+        job: Job,
+        question: str,
+        history: Sequence[tuple[str, str]] = (),
+        options: AskOptions = AskOptions(),
+        on_event: Callable[[StreamEvent], None] | None = None,
+        on_round: Callable[[RoundTrace], None] | None = None,
+        hold: bool = False,
+    ) -> RIGResult:
+        """Server-side RIG: one controller run; events are sent as they happen."""
+        stream, callbacks = self._callbacks(job, on_event, on_round, hold)
+        controller = self._controller(options, callbacks)
+        with _sampling(self.generator, options):
+            return controller.run(question, history=history)
+
+    def tool_step(
+        self,
+        job: Job,
+        question: str,
+        history: Sequence[tuple[str, str]],
+        rounds: Sequence[ToolRound],
+        options: AskOptions = AskOptions(),
+        on_event: Callable[[StreamEvent], None] | None = None,
+        on_round: Callable[[RoundTrace], None] | None = None,
+        hold: bool = True,
+    ) -> ToolStep:
+        """Client-side tools: run until the decider wants a search the client has not done yet."""
+        recorded: list[Segment] = []
+        if rounds:
+            last = rounds[-1].call_ids
+            key = next((c for c in last if c in self._pending), last[0] if last else "")
+            question_then, segments = self._pending.get(key, ("", []))
+            recorded = list(segments) if question_then == question else []
+        generator = _ReplayGenerator(self.generator, recorded)
+        stream, callbacks = self._callbacks(job, on_event, on_round, hold)
+        tool_results = _ToolResults([self._tool_hits(r) for r in rounds])
+        controller = self._controller(options, callbacks, generator=generator, retriever=tool_results)
+        needs = _PerNeedQueries(controller.query_builder)
+        controller.query_builder, tool_results.needs = needs, needs.queries
+        try:
+            with _sampling(self.generator, options):
+                result = controller.run(question, history=history)
+        except ToolCallNeeded as need:
+            calls = [ToolCall(f"call_{uuid.uuid4().hex[:24]}", q) for q in need.queries]
+            self._remember([c.call_id for c in calls], question, generator.produced)
+            generated = sum(len(s.token_ids) for s in generator.produced)
+            return ToolStep(calls=calls, draft=stream.committed, tokens={"generated": generated})
+        return ToolStep(result=result, draft=stream.committed)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _callbacks(self, job: Job, on_event, on_round, hold: bool) -> tuple[TokenStream, list[Any]]:
+        stream = TokenStream(
+            on_event or (lambda event: None), hold=hold,
+            marker_tag=self.config.context.marker_tag, should_stop=job.cancelled.is_set,
+        )
+        callbacks: list[Any] = [stream]
+        if on_round is not None:
+            callbacks.append(_RoundSink(on_round))
+        return stream, callbacks
+
+    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any = None, retriever: Any = None):
+        from rigkit.build import build_controller
+
+        config = self.config
+        if options.decider and options.decider != config.decider.name:
+            config = dataclasses.replace(config, decider=DeciderConfig(name=options.decider))
+        config = config.override(
+            generator={"max_answer_tokens": options.max_tokens, "seed": options.seed},
+            controller={"max_rounds": options.max_rounds},
+            retrieval={"top_k": options.top_k},
+            decider={"threshold": options.threshold},
+        )
+        return build_controller(
+            config, generator=generator or self.generator, retriever=retriever or self.retriever,
+            callbacks=callbacks,
+        )
+
+    def _tool_hits(self, tool_round: ToolRound) -> list[Hit]:
+        """The client's results as passages, each capped with a visible truncation note."""
+        hits = []
+        for call_id, text in zip(tool_round.call_ids, tool_round.results):
+            hits.append(Hit(chunk_id=call_id, doc_id=call_id, title="search result",
+                            text=self.cap_text(text), score=1.0, metadata={"tool_call_id": call_id}))
+        return hits
+
+    def cap_text(self, text: str) -> str:
+        """At most `tool_result_tokens` tokens of `text`, then "[truncated]" when cut."""
+        count = self.generator.count_tokens
+        limit = self.tool_result_tokens
+        if count(text) <= limit:
+            return text
+        note = " … [truncated]"
+        words = text.split(" ")
+        lo, hi = 0, len(words)
+        while lo < hi:  # the longest word prefix that fits with the note
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if count(" ".join(words[:mid]) + note) <= limit else (lo, mid - 1)
+        return " ".join(words[:lo]) + note
+
+    def _remember(self, call_ids: list[str], question: str, segments: list[Segment]) -> None:
+        for call_id in call_ids:  # a client may answer the calls of one message in any order
+            self._pending[call_id] = (question, list(segments))
+        while len(self._pending) > 256:  # old pending turns are replayed by generating again
+            self._pending.popitem(last=False)
+
+
+def _load_generator(config: RunConfig) -> Any:
+    """The generator `build_controller` would load for `config` (backend, device, dtype...)."""
+    from rigkit.generation import generator_from_config
+
+    return generator_from_config(config.generator)
+
+
+def round_summary(trace: RoundTrace) -> dict[str, Any]:
+    """The `round` event: decision, query, hits, injected ids, budget (not the token lists)."""
+    d, b = trace.decision, trace.budget
+    return {
+        "index": trace.index,
+        "action": trace.action,
+        "segment": trace.segment.text,
+        "decision": {"retrieve": d.retrieve, "score": d.score, "decider": d.decider,
+                     "threshold": d.threshold, "reason": d.reason},
+        "query": trace.query.text if trace.query else None,
+        "hits": [{"id": h.chunk_id, "title": h.title, "score": h.score} for h in trace.hits],
+        "injected": trace.injection.added if trace.injection else [],
+        "budget": {**dataclasses.asdict(b), "used": b.used, "free": b.free},
+        "error": trace.error,
+    }
+
+
+class _LockedRetriever:
+    """The served retriever behind a lock: indexes (faiss, bm25s, the query encoder) are shared."""
+
+    def __init__(self, inner: Any, lock: threading.Lock):
+        self.inner, self.lock = inner, lock
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+        with self.lock:
+            return self.inner.search(query, top_k)
+
+    def search_many(self, queries: list[str], top_k: int = 5) -> list[list[Hit]]:
+        with self.lock:
+            many = getattr(self.inner, "search_many", None)
+            return many(queries, top_k) if many is not None else [self.inner.search(q, top_k) for q in queries]
+
+
+class _RoundSink:
+    def __init__(self, on_round: Callable[[RoundTrace], None]):
+        self.on_round_end = on_round
+
+
+class _ToolResults:
+    """A retriever that answers from the client's tool results, one round (every call of one
+    assistant message) per search, then suspends asking for the searches of `needs()`."""
+
+    name = "client-tools"
+
+    def __init__(self, rounds: list[list[Hit]], needs: Callable[[], list[str]] = lambda: []):
+        self.rounds, self.used, self.needs = rounds, 0, needs
+
+    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+        if self.used >= len(self.rounds):
+            raise ToolCallNeeded(self.needs() or [query])
+        self.used += 1
+        return self.rounds[self.used - 1]
+
+
+# Query builders whose query is made from the decision's intents themselves: several intents
+# are several searches. The others (masked, rewrite, attention) search for the whole sentence.
+SPLIT_QUERY_MODES = ("marker", "keywords")
+
+
+class _PerNeedQueries:
+    """The run's query builder, remembering the last round so its needs can be asked one by one.
+
+    `queries()` builds one query per need of that round (each marker, else each intent, alone),
+    distinct and in order; empty when the round has one need or the builder does not split."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.mode = getattr(inner, "mode", "")
+        self.last: tuple[Any, ...] | None = None
+
+    def build(self, question: str, draft: str, decision: Any, state: Any = None) -> Any:
+        self.last = (question, draft, decision, state)
+        return self.inner.build(question, draft, decision, state)
+
+    def queries(self) -> list[str]:
+        if self.last is None or self.mode not in SPLIT_QUERY_MODES:
+            return []
+        question, draft, decision, state = self.last
+        needs = _needs(decision)
+        if len(needs) < 2:
+            return []
+        texts: list[str] = []
+        for need in needs:
+            text = self.inner.build(question, draft, need, state).text.strip()
+            if text and text not in texts:
+                texts.append(text)
+        return texts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _needs(decision: Any) -> list[Any]:
+    """The decision split into one decision per need: per marker, else per intent."""
+    markers = [m for m in (decision.evidence.get("markers") or []) if m.get("phrase")]
+    if len(markers) > 1:
+        return [dataclasses.replace(decision, intents=[m["phrase"]],
+                                    evidence={**decision.evidence, "markers": [m]}) for m in markers]
+    intents = decision.intents
+    if len(intents) > 1:
+        aligned = len(decision.spans) == len(intents)
+        return [dataclasses.replace(decision, intents=[intent],
+                                    spans=[decision.spans[i]] if aligned else list(decision.spans))
+                for i, intent in enumerate(intents)]
+    return [decision]
+
+
+class _ReplayGenerator:
+    """Returns recorded segments first (no model call), then the real generator's."""
+
+    def __init__(self, inner: Any, recorded: list[Segment]):
+        self.inner, self.queue = inner, list(recorded)
+        self.produced: list[Segment] = []
+
+    def next_segment(self, prompt, stop, max_new_tokens, on_token=None) -> Segment:
+        if self.queue:
+            segment = dataclasses.replace(self.queue.pop(0))
+        else:
+            from rigkit.controller import _takes_on_token
+
+            kwargs = {"on_token": on_token} if on_token and _takes_on_token(self.inner) else {}
+            segment = self.inner.next_segment(prompt, stop, max_new_tokens, **kwargs)
+        self.produced.append(segment)
+        return segment
+
+    def reset(self, seed: int | None = None) -> None:
+        # A replay keeps the cache: the pending turn's prefix is reused when it still matches.
+        if not self.queue and isinstance(self.inner, SupportsReset):
+            self.inner.reset(seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _sampling:
+    """Per-request temperature / top_p on the shared generator, restored afterwards."""
+
+    def __init__(self, generator: Any, options: AskOptions):
+        self.generator = generator
+        self.values = {k: v for k, v in (("temperature", options.temperature), ("top_p", options.top_p))
+                       if v is not None and hasattr(generator, k)}
+
+    def __enter__(self) -> None:
+        self.saved = {k: getattr(self.generator, k) for k in self.values}
+        for k, v in self.values.items():
+            setattr(self.generator, k, v)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            setattr(self.generator, k, v)

@@ -1,0 +1,155 @@
+"""One thread owns the model; requests wait in a bounded queue in front of it.
+
+The in-process generator keeps a per-question KV cache and is not thread-safe, so every model
+call runs on this one worker thread, in arrival order. Beyond `max_queue` waiting jobs a request
+is refused at once (the HTTP layer answers 429 with `Retry-After`) instead of waiting without
+bound. A cancelled job leaves the queue (its slot is free at once) or, when already running, is
+told through `job.cancelled`, which the run's `TokenStream` checks between tokens and rounds.
+`close()` refuses new jobs, finishes every accepted one, then stops the thread: nothing accepted
+is lost.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from rigkit.streaming import Cancelled
+
+__all__ = ["ModelWorker", "Job", "Busy", "Draining", "CancelledJob"]
+
+
+class Busy(Exception):
+    """The queue is full; try again after `retry_after` seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"the server is busy; retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Draining(Exception):
+    """The server is shutting down and takes no new requests."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One unit of model work; `fn(job)` runs on the worker thread."""
+
+    fn: Callable[[Job], Any]
+    future: Future = field(default_factory=Future)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class ModelWorker:
+    """A single worker thread with a bounded FIFO queue of `Job`s."""
+
+    def __init__(self, max_queue: int = 8):
+        if max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        self.max_queue = max_queue
+        self._queue: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._running: Job | None = None
+        self._draining = False
+        self._mean_seconds = 2.0  # running mean of job times, for Retry-After
+        self.completed = 0  # jobs run to an outcome (a result or an error)
+        self.cancelled = 0  # jobs stopped because their client went away
+        self._thread = threading.Thread(target=self._loop, name="rigkit-model", daemon=True)
+        self._thread.start()
+
+    # -- the request side ----------------------------------------------------------------------
+    def submit(self, fn: Callable[[Job], Any]) -> Job:
+        """Queue `fn`; raises `Busy` beyond the bound and `Draining` after `close()`."""
+        with self._cv:
+            if self._draining:
+                raise Draining("the server is shutting down")
+            if len(self._queue) >= self.max_queue and self._running is not None:
+                raise Busy(self.retry_after())
+            job = Job(fn)
+            self._queue.append(job)
+            self._cv.notify_all()
+            return job
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: free its queue slot, or stop its generation."""
+        job.cancelled.set()
+        with self._cv:
+            if job in self._queue:
+                self._queue.remove(job)
+                self.cancelled += 1
+                job.future.set_exception(CancelledJob("cancelled before it started"))
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the waiting jobs at the mean job time."""
+        return max(1, math.ceil(self._mean_seconds * (len(self._queue) + 1)))
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting plus the one running."""
+        with self._cv:
+            return len(self._queue) + (self._running is not None)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self) -> None:
+        """Refuse new jobs from now on; the accepted ones still run."""
+        with self._cv:
+            self._draining = True
+            self._cv.notify_all()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new jobs, finish the accepted ones, stop the thread."""
+        with self._cv:
+            self._draining = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    # -- the worker side -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._draining:
+                    self._cv.wait()
+                if not self._queue:  # draining and nothing left
+                    return
+                job = self._queue.popleft()
+                self._running = job
+            started = time.perf_counter()
+            try:
+                if job.cancelled.is_set():
+                    raise Cancelled("cancelled before it started")
+                result = job.fn(job)
+            except BaseException as err:  # noqa: BLE001 - every job gets exactly one outcome
+                if isinstance(err, Cancelled):
+                    with self._cv:
+                        self.cancelled += 1
+                if not job.future.done():
+                    job.future.set_exception(err if isinstance(err, Exception) else _as_exception(err))
+            else:
+                if not job.future.done():
+                    job.future.set_result(result)
+            finally:
+                elapsed = time.perf_counter() - started
+                with self._cv:
+                    self._running = None
+                    self.completed += 1
+                    self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+
+
+class CancelledJob(Exception):
+    """A job stopped by `Cancelled` (a BaseException), carried to the awaiting request."""
+
+
+def _as_exception(err: BaseException) -> Exception:
+    wrapped = CancelledJob(str(err) or type(err).__name__)
+    wrapped.__cause__ = err
+    return wrapped

