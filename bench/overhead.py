@@ -23,6 +23,7 @@ per-token text split of a finished segment.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -39,7 +40,7 @@ from common import (
 )
 
 from rigkit.build import build_controller
-from rigkit.config import load_config
+from rigkit.config import DeciderConfig, load_config
 from rigkit.controller import STAGES
 from rigkit.generation import load_generator
 from rigkit.retrieval import open_retriever
@@ -108,8 +109,8 @@ def stage_costs(generator, retriever, questions: list[str], deciders: list[str])
         totals = dict.fromkeys([*STAGES, "trace"], 0.0)
         wall = 0.0
         for question in questions:
-            config = load_config(CPU_CONFIG, decider={"name": name},
-                                 controller={"policy": "continue"} if name == "always" else {})
+            config = load_config(CPU_CONFIG, controller={"policy": "continue"} if name == "always" else {})
+            config = dataclasses.replace(config, decider=DeciderConfig(name=name))  # its own defaults
             result = build_controller(config, generator, retriever).run(question)
             rounds += len(result.rounds)
             for k in STAGES:

@@ -180,7 +180,7 @@ def render(found: dict[str, dict[str, Any]]) -> str:
     dates = sorted(r["machine"]["date"][:16].replace("T", " ") for r in found.values())
     loads = sorted(r["machine"]["load_average"][0] for r in found.values() if r["machine"].get("load_average"))
     lines = [
-        f"Measured by `make bench` ({first['mode']} mode) on {m['cpu']}, {m['cores']} cores, "
+        f"{first['mode'].capitalize()}-mode runs of the `bench/` scripts on {m['cpu']}, {m['cores']} cores, "
         f"{m['memory_gb']} GB, Python {m['python']}, torch {m['torch']} ({m['torch_threads']} threads), "
         f"transformers {m['transformers']}; {dates[0]} to {dates[-1]} UTC"
         + (f"; 1-minute load average at the start of each part {loads[0]:.1f}-{loads[-1]:.1f}" if loads else "")

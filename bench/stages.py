@@ -16,13 +16,14 @@ warm-up, with the stage timings every `RoundTrace` records:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from common import CPU_CONFIG, ForwardMeter, demo_questions, parser, save, setup
 
 from rigkit.build import build_controller
-from rigkit.config import load_config
+from rigkit.config import DeciderConfig, load_config
 from rigkit.generation import load_generator
 from rigkit.retrieval import open_retriever
 
@@ -59,9 +60,11 @@ def main(argv=None) -> int:
     rows: dict[str, Any] = {}
     for n, name in enumerate(["prob", *deciders]):  # the first run is the warm-up
         config = load_config(
-            CPU_CONFIG, decider={"name": name}, generator={"max_answer_tokens": answer_tokens},
+            CPU_CONFIG, generator={"max_answer_tokens": answer_tokens},
             controller={"policy": "continue"} if name == "always" else {},
         )
+        # another decider's threshold would be meaningless here: start from its own defaults
+        config = dataclasses.replace(config, decider=DeciderConfig(name=name))
         with ForwardMeter(generator.model) as meter:
             result = build_controller(config, generator, retriever).run(question)
         if n == 0:

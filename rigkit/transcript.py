@@ -13,6 +13,7 @@ template's own scaffolding produces special tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Piece", "StopRule", "plain_spans", "tokenize_plain"]
@@ -84,4 +85,18 @@ def tokenize_plain(tokenizer, text: str) -> list[int]:
         if at >= 0 and len(token) > 1:
             mid = at + len(token) // 2
             return tokenize_plain(tokenizer, text[:mid]) + tokenize_plain(tokenizer, text[mid:])
+    return ids
+
+
+def encode_transcript(prompt: Sequence[Piece], tokenizer, scaffold_tokens: Callable[[str], list[int]]) -> list[int]:
+    """Token ids of a transcript, as every backend builds them: generated pieces verbatim,
+    document text with no special token recognised in it (`tokenize_plain`), and the chat
+    template's own text through `scaffold_tokens` (where its special tokens are real)."""
+    ids: list[int] = []
+    for piece in prompt:
+        if piece.token_ids is not None:
+            ids.extend(piece.token_ids)
+            continue
+        for text, plain in piece.parts():
+            ids.extend(tokenize_plain(tokenizer, text) if plain else scaffold_tokens(text))
     return ids

@@ -69,19 +69,22 @@ def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch):
     print(f"{path.name}: {elapsed:.1f} s")
 
 
-def _tree_state() -> set[str]:
-    """`git status` entries (changed or untracked, ignored files excluded) outside the source trees.
-
-    rigkit/, tests/ and bench/ are left out: notebooks import code, they never write it, and in a
-    shared working tree people edit those while the notebooks run."""
+def _tree_state() -> dict[str, str]:
+    """Each changed or untracked path `git status` shows (ignored files excluded), with a hash
+    of its content, so a file edited again while the notebooks ran counts as a change too."""
+    import hashlib
     import subprocess
 
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z"],
                              cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return set()
-    return {e for e in out.split("\0") if e and not e[3:].startswith(("rigkit/", "tests/", "bench/"))}
+        return {}
+    state = {}
+    for entry in filter(None, out.split("\0")):
+        path = ROOT / entry[3:]
+        state[entry] = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "-"
+    return state
 
 
 _STATE_AT_COLLECTION = _tree_state()  # before any notebook in this file ran

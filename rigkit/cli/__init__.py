@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 
@@ -34,6 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     if raw[:2] == ["eval", "merge"]:  # `rigkit eval merge` reads better; `eval` itself takes no verbs
         raw = ["eval-merge", *raw[2:]]
     args = build_parser().parse_args([a for a in raw if a != "--debug"])
+    # rigkit shows its own progress; transformers' per-load "Loading weights" bars would break
+    # into the streamed answer on the terminal.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
     try:
         return int(args.func(args) or 0)
     except RigkitError as err:

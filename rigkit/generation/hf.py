@@ -18,7 +18,7 @@ from typing import Any
 
 from rigkit.generation.stops import find_stop
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule, tokenize_plain
+from rigkit.transcript import Piece, StopRule, encode_transcript
 
 __all__ = ["HFGenerator"]
 
@@ -168,18 +168,7 @@ class HFGenerator:
     # -- helpers ---------------------------------------------------------------------------
     def encode(self, prompt: Sequence[Piece]) -> list[int]:
         """Token ids of the prompt: generated pieces verbatim, text pieces tokenised once."""
-        ids: list[int] = []
-        for piece in prompt:
-            if piece.token_ids is not None:
-                ids.extend(piece.token_ids)
-                continue
-            for text, plain in piece.parts():
-                ids.extend(self._plain_tokens(text) if plain else self._piece_tokens(text))
-        return ids
-
-    def _plain_tokens(self, text: str) -> list[int]:
-        """Document or user text: no special token can be recognised in it."""
-        return tokenize_plain(self.tokenizer, text)
+        return encode_transcript(prompt, self.tokenizer, self._piece_tokens)
 
     def _piece_tokens(self, text: str) -> list[int]:
         if text not in self._piece_ids:

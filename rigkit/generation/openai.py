@@ -47,7 +47,7 @@ from rigkit.errors import InputError, RigkitError
 from rigkit.generation.hf import _decode, _kept_ids  # the same decoding as in-process
 from rigkit.generation.stops import find_stop
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule, tokenize_plain
+from rigkit.transcript import Piece, StopRule, encode_transcript
 
 if TYPE_CHECKING:
     from rigkit.config import GeneratorConfig
@@ -223,14 +223,7 @@ class OpenAIGenerator:
 
     def encode(self, prompt: Sequence[Piece]) -> list[int]:
         """Token ids of the prompt: generated pieces verbatim, text pieces tokenised locally."""
-        ids: list[int] = []
-        for piece in prompt:
-            if piece.token_ids is not None:
-                ids.extend(piece.token_ids)
-                continue
-            for text, plain in piece.parts():  # document text never makes special tokens
-                ids.extend(tokenize_plain(self.tokenizer, text) if plain else self._piece_tokens(text))
-        return ids
+        return encode_transcript(prompt, self.tokenizer, self._piece_tokens)
 
     def close(self) -> None:
         self._client.close()

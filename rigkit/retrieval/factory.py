@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,6 +111,8 @@ def open_index(config: RetrievalConfig) -> Index:
         b=config.b,
         dense_index=config.dense_index,
         overwrite=False,
+        # A first `rigkit ask --corpus BIG` can take minutes: show it where someone is watching.
+        progress=sys.stderr.isatty(),
     )
 
 
