@@ -18,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import CorpusError, InputError
-from rigkit.files import iter_jsonl
+from rigkit.files import iter_jsonl, write_jsonl_atomic
 
 __all__ = [
     "Document",
@@ -296,18 +294,8 @@ def _windows(body: str, tokenizer, budget: int, overlap: int) -> Iterable[tuple[
 
 
 def write_chunks(path: str | Path, chunks: Iterable[Chunk]) -> None:
-    """Write chunks as JSONL atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for chunk in chunks:
-                out.write(json.dumps(chunk.to_dict(), ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp files are private; a chunk file is ordinary data
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write chunks as JSONL atomically (temp file in the same folder, fsync, then rename)."""
+    write_jsonl_atomic(path, (chunk.to_dict() for chunk in chunks))
 
 
 def read_chunks(path: str | Path) -> list[Chunk]:

@@ -35,6 +35,19 @@ def _toy_set(folder: Path) -> tuple[Path, Path]:
     return qa, corpus
 
 
+def _indexed_run(folder: Path) -> tuple[Path, Path, Path, dict[str, str]]:
+    """The toy set indexed in `folder`, the run folder, and the environment for the CLI."""
+    from rigkit.retrieval import Index
+
+    qa, corpus = _toy_set(folder)
+    index = folder / "index"
+    Index.build(corpus, index)
+    # One torch thread: on a shared 2-core machine two threads per process thrash (5x slower).
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    return qa, index, folder / "run", env
+
+
 def _command(qa: Path, index: Path, out: Path) -> list[str]:
     return [sys.executable, "-c", CLI, "eval", "--qa", str(qa), "--index", str(index),
             "--systems", SYSTEMS, "--config", str(ROOT / "configs" / "cpu.yaml"),
@@ -47,15 +60,7 @@ def _lines(path: Path) -> list[bytes]:
 
 @pytest.mark.slow
 def test_killed_eval_resumes_without_duplicates_or_losses(tmp_path):
-    from rigkit.retrieval import Index
-
-    qa, corpus = _toy_set(tmp_path)
-    index = tmp_path / "index"
-    Index.build(corpus, index)
-    out = tmp_path / "run"
-    # One torch thread: on a shared 2-core machine two threads per process thrash (5x slower).
-    env = {"OMP_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    qa, index, out, env = _indexed_run(tmp_path)
     results = out / RESULTS_FILE
 
     proc = subprocess.Popen(_command(qa, index, out), cwd=ROOT, env=env,
@@ -94,14 +99,7 @@ def test_kill_at_a_write_step_resumes_exactly(tmp_path, step, concurrency):
     """Killed by the fault hook between a trace and its result (or mid result) with the real model,
     serial and with two workers: the resumed run holds each key once in both files."""
     from rigkit.eval.runner import TRACES_FILE
-    from rigkit.retrieval import Index
-
-    qa, corpus = _toy_set(tmp_path)
-    index = tmp_path / "index"
-    Index.build(corpus, index)
-    out = tmp_path / "run"
-    env = {"OMP_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    qa, index, out, env = _indexed_run(tmp_path)
     command = [*_command(qa, index, out), "--no-faithfulness", "--concurrency", str(concurrency)]
     killed = subprocess.run(command, cwd=ROOT, env={**env, "RIGKIT_FAULT_AT": f"{step}@2"},
                             capture_output=True, timeout=300)
