@@ -17,12 +17,20 @@ draft counts as cost, not as answer), beside OpenRIG's published 1.4-1.7x
     python bench/latency.py                    # full: up to 50 test questions per set, 10-min budget
     python bench/latency.py --quick            # one question per set
     python bench/latency.py --budget-s 0       # no budget: every question
+    python bench/latency.py --from-eval runs/2wikimultihopqa-test runs/musique-test
+
+`--from-eval` summarises `rigkit eval` runs instead of answering: the eval harness answers every
+question with every system in turn (one run, the same model and index), and its rows carry the
+same figures (latency, stages, segments, model calls); forward passes there are counted as
+generated tokens plus decider passes, not with hooks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from common import (
@@ -76,6 +84,37 @@ def answer(system, generator, question: str) -> dict[str, Any]:
     }
 
 
+def rows_from_eval(run_dirs: list[str], names) -> tuple[list[dict], dict[str, int]]:
+    """Bench rows from the results (and traces, for the final answer's length) of eval runs."""
+    rows, asked = [], {}
+    for run_dir in map(Path, run_dirs):
+        answer_tokens = {}
+        with open(run_dir / "traces.jsonl", encoding="utf-8") as lines:
+            for line in lines:
+                trace = json.loads(line)
+                rounds = trace["result"].get("rounds") or []
+                budget = (rounds[-1].get("budget") or {}) if rounds else {}
+                answer_tokens[(trace["id"], trace["system"], trace["run"])] = budget.get("draft", 0)
+        with open(run_dir / "results.jsonl", encoding="utf-8") as lines:
+            results = [json.loads(line) for line in lines if line.strip()]
+        for r in results:
+            if r["system"] not in names or r.get("error"):
+                continue
+            asked[r["dataset"]] = asked.get(r["dataset"], 0)
+            stages = {k: float(r["timings"].get(k, 0.0)) for k in STAGES}
+            stages["other"] = max(0.0, r["latency"] - sum(stages.values()))
+            rows.append({
+                "dataset": r["dataset"], "question": r["id"], "system": r["system"], "seconds": r["latency"],
+                "model_calls": r["segments"] + r["extra_model_calls"], "forward_passes": r["forward_passes"],
+                "forward_s": None, "answer_tokens": answer_tokens.get((r["id"], r["system"], r["run"]), 0),
+                "generated": r["tokens_generated"], "prefilled": r["tokens_prefilled"],
+                "reused": r["tokens_reused"], "retrievals": r["retrievals"], "stages": stages,
+            })
+    for dataset in asked:
+        asked[dataset] = len({r["question"] for r in rows if r["dataset"] == dataset})
+    return rows, asked
+
+
 def summarize(rows: list[dict], names) -> dict[str, Any]:
     out = {}
     for name in names:
@@ -94,7 +133,8 @@ def summarize(rows: list[dict], names) -> dict[str, Any]:
             "prefilled": sum(r["prefilled"] for r in mine) / len(mine),
             "retrievals": sum(r["retrievals"] for r in mine) / len(mine),
             "s_per_token": sum(secs) / max(1, gen),
-            "forward_share": sum(r["forward_s"] for r in mine) / max(1e-9, sum(secs)),
+            "forward_share": (sum(r["forward_s"] for r in mine) / max(1e-9, sum(secs))
+                              if all(r["forward_s"] is not None for r in mine) else None),
             "stages_s": {k: sum(r["stages"][k] for r in mine) / len(mine) for k in [*STAGES, "other"]},
         }
     rag = out.get("rag")
@@ -106,18 +146,8 @@ def summarize(rows: list[dict], names) -> dict[str, Any]:
     return out
 
 
-def main(argv=None) -> int:
-    p = parser(__doc__)
-    p.add_argument("--questions", type=int, default=None, help="test questions per set (full: 50)")
-    p.add_argument("--budget-s", type=float, default=None,
-                   help="stop starting new questions after this many seconds (full: 600, 0: none)")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--answer-tokens", type=int, default=None,
-                   help="the answer's token limit (default: the CPU profile's 96; quick: 32)")
-    args = p.parse_args(argv)
-    setup(args)
-    started = time.perf_counter()
-    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+def measure(args, names) -> tuple[list[dict], dict[str, int], bool, float, int, dict[str, Any]]:
+    """Answer the test questions of both sets with every system, in a rotating order."""
     limit = args.questions or (1 if args.quick else 50)
     budget = args.budget_s if args.budget_s is not None else (0 if args.quick else 600)
     answer_tokens = args.answer_tokens or (32 if args.quick else None)
@@ -150,13 +180,43 @@ def main(argv=None) -> int:
             rows.append(row)
         line = "  ".join(f"{r['system']} {r['seconds']:.1f}s" for r in rows[-len(names):])
         print(f"{dataset[:8]:8s} q{i:02d}  {line}", flush=True)
-    done = {d: len({r["question"] for r in rows if r["dataset"] == d}) for d in SETS}
+    source = {"config": str(CPU_CONFIG.name), "model": {"spec": generator.spec, "source": generator.source}}
+    return rows, asked, stopped, budget, config.generator.max_answer_tokens, source
+
+
+def main(argv=None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--questions", type=int, default=None, help="test questions per set (full: 50)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop starting new questions after this many seconds (full: 600, 0: none)")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--answer-tokens", type=int, default=None,
+                   help="the answer's token limit (default: the CPU profile's 96; quick: 32)")
+    p.add_argument("--from-eval", nargs="+", metavar="RUN_DIR",
+                   help="summarise these `rigkit eval` output folders instead of answering")
+    args = p.parse_args(argv)
+    setup(args)
+    started = time.perf_counter()
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.from_eval:
+        rows, asked = rows_from_eval(args.from_eval, names)
+        sets = list(asked)
+        metas = [json.loads((Path(d) / "meta.json").read_text()) for d in args.from_eval]
+        stopped, budget = False, 0
+        max_answer_tokens = metas[0]["config"]["generator"]["max_answer_tokens"]
+        source = {"from_eval": args.from_eval, "config": metas[0].get("config_file"),
+                  "model": metas[0].get("model"), "eval_updated": [m.get("updated") for m in metas]}
+        print(f"from {', '.join(args.from_eval)}: {', '.join(f'{d}: {n} questions' for d, n in asked.items())}")
+    else:
+        rows, asked, stopped, budget, max_answer_tokens, source = measure(args, names)
+        sets = list(SETS)
+    done = {d: len({r["question"] for r in rows if r["dataset"] == d}) for d in sets}
     note = ""
     if stopped:
         note = (f"stopped by the {budget:.0f} s budget after {done} of {asked} questions "
                 f"({len(names)} systems each); rerun with --budget-s 0 for all")
         print(note)
-    summary = {d: summarize([r for r in rows if r["dataset"] == d], names) for d in SETS}
+    summary = {d: summarize([r for r in rows if r["dataset"] == d], names) for d in sets}
     summary["all"] = summarize(rows, names)
     for scope, table in summary.items():
         print(f"\n{scope}: {done.get(scope, sum(done.values()))} question(s)")
@@ -181,7 +241,7 @@ def main(argv=None) -> int:
         "systems": names, "asked": asked, "done": done, "stopped_by_budget": stopped, "note": note,
         "budget_s": budget, "summary": summary, "rows": rows, "goal_rig_vs_rag_le_1_2": goals,
         "openrig": {k: {"rig_s": a, "rag_s": b, "ratio": a / b} for k, (a, b) in OPENRIG.items()},
-        "config": str(CPU_CONFIG.name), "max_answer_tokens": config.generator.max_answer_tokens, "model": {"spec": generator.spec, "source": generator.source},
+        "max_answer_tokens": max_answer_tokens, **source,
     }, started)
     return 0
 

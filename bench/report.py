@@ -111,7 +111,8 @@ def latency_rows(r: dict) -> list[tuple[str, str, str, str]]:
                           f"{s['forward_passes']:.0f} passes" for name, s in table.items())
         rows.append((f"latency, {scope_names.get(scope, scope)}",
                      f"p50 / p95 per answer, model calls, forward passes ({n} test questions"
-                     f"{', budget-limited' if r['stopped_by_budget'] else ''})", cells, ""))
+                     f"{', budget-limited' if r['stopped_by_budget'] else ''}"
+                     f"{', from the `rigkit eval` test-split runs' if r.get('from_eval') else ''})", cells, ""))
     allsets = r["summary"].get("all", {})
     openrig = ", ".join(f"{k} {v['ratio']:.2f}x" for k, v in r["openrig"].items())
     ratios = "; ".join(f"{name} {x(s['vs_rag_p50'])} p50, {x(s['vs_rag_per_token'])} per token"

@@ -167,9 +167,12 @@ class RIGController:
             trace.action = "restore"
         elif not decision.retrieve:
             self.context.accept(segment)
-        elif run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished:
+        elif (run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished
+              or self.policy == "continue" and run.generated >= self.generation.max_answer_tokens):
+            # no retrieval rounds left, or no answer tokens left to read passages with: finish
+            # from what is in context
             run.low_confidence = run.retrievals >= self.config.max_rounds
-            trace.action = "skip"  # no retrieval rounds left: finish from what is in context
+            trace.action = "skip"
             self.context.accept(segment)
         else:
             self._retrieve(run, trace, state)

@@ -145,3 +145,36 @@ def test_dense_retriever_embeds_a_repeated_query_once():
     before = CountingEmbedder.calls
     dense.encode("which licence?")
     assert CountingEmbedder.calls == before + 1
+
+
+def test_latency_summarises_eval_runs(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import latency
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({
+        "config_file": "configs/cpu.yaml", "config": {"generator": {"max_answer_tokens": 96}},
+        "model": {"spec": "m"}, "updated": "now"}))
+    rows, traces = [], []
+    for q, (rag_s, rig_s) in enumerate([(1.0, 2.0), (2.0, 3.0), (3.0, 3.0)]):
+        for system, seconds, segments in (("rag", rag_s, 1), ("rig:prob", rig_s, 2)):
+            rows.append({"id": f"q{q}", "dataset": "set", "system": system, "run": 0, "latency": seconds,
+                         "timings": {"generate": seconds / 2, "retrieve": 0.1}, "segments": segments,
+                         "extra_model_calls": 1 if system == "rig:prob" else 0, "forward_passes": 10,
+                         "tokens_generated": 10, "tokens_prefilled": 50, "tokens_reused": 5,
+                         "retrievals": segments - 1 if system != "rag" else 1, "error": None})
+            traces.append({"id": f"q{q}", "system": system, "run": 0,
+                           "result": {"rounds": [{"budget": {"draft": 8}}]}})
+    rows.append({**rows[0], "id": "bad", "error": "ValueError: x"})  # a failed answer is not timed
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces))
+    assert latency.main(["--from-eval", str(run), "--out-dir", str(tmp_path / "out"),
+                         "--systems", "rag,rig:prob,closed_book"]) == 0
+    saved = json.loads((tmp_path / "out" / "latency.json").read_text())
+    summary = saved["summary"]["set"]
+    assert saved["done"] == {"set": 3} and set(summary) == {"rag", "rig:prob"}
+    assert summary["rag"]["p50_s"] == 2.0 and summary["rig:prob"]["p50_s"] == 3.0
+    assert summary["rig:prob"]["vs_rag_p50"] == 1.5 and summary["rig:prob"]["model_calls"] == 3.0
+    assert summary["rig:prob"]["answer_tokens"] == 8 and summary["rig:prob"]["forward_share"] is None
+    assert saved["max_answer_tokens"] == 96 and saved["from_eval"] == [str(run)]

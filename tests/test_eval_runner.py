@@ -12,6 +12,7 @@ from rigkit.config import DeciderConfig, RunConfig
 from rigkit.errors import InputError
 from rigkit.eval.experiment import evaluate, load_questions
 from rigkit.eval.metrics import QAItem
+from rigkit.eval.report import markdown_report
 from rigkit.eval.runner import RESULTS_FILE, ResultsFile, read_results, result_key, run_eval
 from rigkit.eval.systems import (
     System,
@@ -113,6 +114,11 @@ def test_run_streams_one_line_per_key_and_scores(tmp_path):
     assert by["q1", "rig:always", 0]["retrievals"] >= 1
     assert by["q1", "rig:always", 0]["trigger_rate"] > 0
     assert by["q1", "rag", 0]["summary"]["tokens"]["generated"] > 0
+    # what the report counts per answer sits at the row's top level, where the report reads it
+    always = by["q1", "rig:always", 0]
+    assert always["policy"] == "continue" and always["retrieval_errors"] == [] and always["retrieval_failed"] is False
+    latency = markdown_report({"split": "all"}, rows).split("## Latency")[1]
+    assert "| rig:always | continue |" in latency and "| rag | – |" in latency
     assert by["q2", "rag", 1]["gold"] == ["Alien"] and by["q2", "rag", 1]["type"] == "comparison"
     traces = ResultsFile(tmp_path / "traces.jsonl")
     assert sum(1 for _ in traces.rows()) == len(rows)

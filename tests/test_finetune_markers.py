@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from rigkit.config import RunConfig
 from rigkit.context import ContextManager
-from rigkit.datasets import load_qa, load_splits
+from rigkit.datasets import load_qa, load_splits, split_questions
 from rigkit.errors import InputError, ModelNotFoundError
 from rigkit.finetune.adapters import ADAPTERS_DIR, adapter_spec, load_with_adapter
 from rigkit.finetune.data import (
+    build_examples,
     build_marker_data,
     encode_example,
     end_of_turn,
@@ -24,6 +26,7 @@ from rigkit.finetune.data import (
 )
 from rigkit.finetune.train import LoraTrainConfig, train_markers
 from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
+from rigkit.trace import Hit
 from tests.tiny_model import tiny_generator
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -123,7 +126,7 @@ def test_a_fact_the_question_states_gets_no_marker():
 def test_negatives_are_present_and_closed_ones_have_no_marker(built):
     examples, _ = built("musique", "train")
     kinds = {e.kind for e in examples}
-    assert kinds == {"retrieve", "stated", "closed"}
+    assert kinds == {"retrieve", "stated", "closed", "single"}
     for example in examples:
         drafts = "".join(p["text"] for p in example.pieces if p["role"] == "draft")
         if example.kind == "closed":
@@ -132,6 +135,38 @@ def test_negatives_are_present_and_closed_ones_have_no_marker(built):
         if example.kind == "stated":
             assert example.markers < example.hops
         assert drafts.count("<retrieve>") == example.markers
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_single_hop_copies_ask_for_one_hop_each(name):
+    from rigkit.finetune.data import single_hop_examples, step_question
+
+    record = _record(name)
+    scripted = ScriptedGenerator([])
+    context = ContextManager(RunConfig().context, scripted.count_tokens, scripted.render_chat, use_markers=True)
+    steps = question_steps(record)
+    singles = single_hop_examples(record, steps, context)
+    asked = [s for s in steps if s.passage is not None and not s.stated]
+    assert len(singles) == len(asked) >= 1
+    for example, step in zip(singles, asked):
+        assert example.kind == "single" and example.markers == 1 and example.source_id == record["id"]
+        assert example.question == step_question(step) and example.question.endswith("?")
+        drafts = [p["text"] for p in example.pieces if p["role"] == "draft"]
+        assert drafts[0] == f"<retrieve>{step.query}</retrieve>"
+        assert drafts[-1] == f"{step.statement} So the answer is {step.answer.rstrip('.')}."
+        assert [p["text"] for p in example.pieces if p["role"] == "passages"][0].count(step.passage.chunk_id) == 1
+    assert step_question(replace(asked[0], query="father of Henry Baring")) == "Who is the father of Henry Baring?"
+    assert step_question(replace(asked[0], query="when was Ada born")) == "When was Ada born?"
+
+
+def test_single_hop_copies_are_optional_and_not_repeated(tiny):
+    records = split_questions(load_qa(DATA / "musique" / "qa.jsonl"), DATA / "musique", "train")[:20]
+    plain, _ = build_examples(records, tiny, max_tokens=4096, single_hop=False)
+    more, _ = build_examples(records, tiny, max_tokens=4096)
+    assert "single" not in {e.kind for e in plain}
+    singles = [e for e in more if e.kind == "single"]
+    assert singles and [e for e in more if e.kind != "single"] == plain
+    assert len({e.question for e in singles}) == len(singles)
 
 
 @pytest.mark.parametrize("name", SETS)
@@ -211,6 +246,26 @@ def test_tiny_lora_run_resumes_from_its_checkpoint(tiny, tiny_data, tmp_path):
     assert not any("lora" in name for name, _ in tiny.model.named_parameters())
 
 
+def test_keep_last_and_no_early_stopping(tiny, tiny_data, tmp_path):
+    from safetensors.torch import load_file
+
+    train, dev = tiny_data
+    # a learning rate this high makes the dev loss rise after step 1: patience 1 would stop at
+    # step 2 and keep="best" would keep step 1
+    config = LoraTrainConfig(max_steps=3, grad_accum=1, save_every=1, eval_every=1, dropout=0.0,
+                             learning_rate=0.5, patience=0, keep="last")
+    report = train_markers(train, tmp_path / "k", tiny, config, eval_path=dev, progress=False)
+    losses = [loss for _, loss in report.dev_loss]
+    assert len(losses) == 3 and losses[1] > losses[0] and min(losses) < losses[-1]
+    assert report.steps == 3 and report.stopped_because == "planned steps done"
+    assert report.best_step == 3
+    kept = load_file(tmp_path / "k" / "adapter_model.safetensors")
+    last = load_file(tmp_path / "k" / "checkpoint" / "adapter" / "adapter_model.safetensors")
+    assert all(kept[k].float().allclose(last[k].float(), atol=1e-2) for k in kept)
+    with pytest.raises(InputError, match="keep must be"):
+        train_markers(train, tmp_path / "x", tiny, LoraTrainConfig(keep="first"), progress=False)
+
+
 def test_time_budget_stops_with_a_checkpoint(tiny, tiny_data, tmp_path):
     train, _ = tiny_data
     config = LoraTrainConfig(max_steps=50, grad_accum=1, time_budget_min=1e-9)
@@ -278,8 +333,6 @@ def _run_shipped(question: str, retriever=None):
 
 @pytest.mark.slow
 def test_shipped_adapter_writes_a_marker_on_a_held_out_multi_hop_question():
-    from rigkit.datasets import split_questions
-
     record = split_questions(load_qa(DATA / "musique" / "qa.jsonl"), DATA / "musique", "test")[1]
     fired, result = _run_shipped(record["question"])
     assert fired, [r.segment.text for r in result.rounds]
@@ -287,9 +340,62 @@ def test_shipped_adapter_writes_a_marker_on_a_held_out_multi_hop_question():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the shipped adapter (30 CPU steps) answers the licence "
-                   "demo question without asking; see README 'Teaching the model to ask'")
 def test_shipped_adapter_asks_on_the_demo_question():
     demo = (Path(__file__).resolve().parents[1] / "Makefile").read_text().split('"')[1]
     fired, result = _run_shipped(demo)
     assert fired, [r.segment.text for r in result.rounds]
+    assert fired[0].query is not None and fired[0].query.mode == "marker"
+    assert "apache" in fired[0].query.text.lower()  # it asks about what the question is about
+
+
+def test_marker_eval_scores_every_system_with_both_models(monkeypatch, tmp_path):
+    import rigkit.generation as generation
+    import rigkit.retrieval as retrieval
+    from rigkit.finetune.evaluate import evaluate_markers, load_rows
+
+    record = split_questions(load_qa(DATA / "musique" / "qa.jsonl"), DATA / "musique", "train")[0]
+    support = next(p for p in record["paragraphs"] if p.get("is_supporting"))
+    hit = Hit(f"{support['pid']}#0", support["pid"], support["title"], support["text"], 1.0)
+    monkeypatch.setattr(retrieval, "open_retriever", lambda config: DictRetriever({}, default=[hit]))
+
+    class Tuned(ScriptedGenerator):
+        """Asks once with a marker; with passages in context, answers and ends the turn."""
+
+        def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
+            self.prompts.append(list(prompt))
+            if any(p.role == "passages" for p in prompt):
+                return make_segment(f"So the answer is {record['answer']}.", finish_reason="end_of_turn")
+            return make_segment("<retrieve>who founded it</retrieve>")
+
+    def scripted(config):  # the base model hesitates on "Paris" (probability 0.1)
+        if config.model.endswith("+markers"):
+            return Tuned([])
+        return ScriptedGenerator([make_segment("Paris, surely.", [0.1, 0.9])] * 12)
+
+    monkeypatch.setattr(generation, "generator_from_config", scripted)
+    report = evaluate_markers([DATA / "musique" / "qa.jsonl"], split="train", limit=1, end_effect=True,
+                              rows_path=tmp_path / "rows.jsonl", progress=False)
+    row = report.rows[0]
+    assert row.markers == 1 and row.marker_queries == ["who founded it"] and row.marker_query_hits == [True]
+    assert set(row.systems) == {f"{s} ({m})" for s in ("rig:prob", "rag", "closed_book") for m in ("base", "tuned")
+                                } | {"rig:marker (tuned)"}
+    assert row.systems["rig:marker (tuned)"]["cover_em"] == 1.0
+    assert row.systems["rig:prob (base)"]["retrievals"] == len(row.flare_queries) >= 1
+    assert load_rows(tmp_path / "rows.jsonl")[0].systems == row.systems
+    assert "rig:prob (tuned)" in report.table()
+
+
+def test_marker_eval_table_from_saved_rows(tmp_path, capsys):
+    from rigkit.cli import main
+    from rigkit.finetune.evaluate import MarkerEvalRow
+
+    for name, markers in (("musique", 2), ("2wikimultihopqa", 0)):
+        row = MarkerEvalRow(dataset=name, id="q", hops=2, markers=markers, question_hit=True,
+                            systems={"rag (base)": {"cover_em": 1.0, "f1": 0.5, "retrievals": 1.0, "seconds": 2.0}})
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row.__dict__) + "\n")
+    assert main(["markers", "eval", "--rows", str(tmp_path / "musique.jsonl"),
+                 str(tmp_path / "2wikimultihopqa.jsonl")]) == 0
+    table = capsys.readouterr().out
+    assert "| answers with >= 1 well-formed marker | 100% | 0% | 50% |" in table
+    assert "| rag (base) | 1.00 / 0.50 | 1.00 / 0.50 | 1.00 / 0.50 | 1.00 | 2.0 |" in table
+    assert main(["markers", "eval"]) == 2  # neither --qa nor --rows

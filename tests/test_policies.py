@@ -109,6 +109,17 @@ def test_a_continue_round_that_ended_the_turn_continues_once_more():
     assert result.rounds[1].action == "accept"  # the empty turn ends it: once more, not forever
 
 
+def test_no_retrieval_when_no_answer_tokens_are_left_to_read_it():
+    retriever = Rotating()
+    ctl = controller(ScriptedGenerator(SENTENCES), AlwaysRetrieve(), retriever)
+    ctl.generation = GeneratorConfig(max_answer_tokens=12)  # the second sentence spends the rest
+    result = ctl.run(DEMO_QUESTION)
+    assert [len(r.segment.token_ids) for r in result.rounds] == [5, 7]
+    assert [r.action for r in result.rounds] == ["continue", "skip"]
+    assert len(retriever.queries) == 1 and result.used_retrieval_times == 1
+    assert not result.low_confidence  # retrieval rounds were left; answer tokens were not
+
+
 class Broken:
     def search(self, query, top_k=5):
         raise RuntimeError("index offline")
@@ -149,13 +160,20 @@ def test_failed_retrievals_reach_the_eval_row_the_report_and_rigkit_ask():
     assert "errors" not in format_result(good)
     rows = []
     for i, result in enumerate([failed, good]):
+        summary = summarize_result(result)
         row = {"id": f"q{i}", "type": "", "system": "rig:always", "run": 0, "em": float(i),
-               "latency": 1.0, "timings": {}, "error": None, **summarize_result(result)}
+               "latency": 1.0, "timings": {}, "error": None, "summary": summary}
         rows.append(row)
-    assert rows[0]["retrieval_failed"] and rows[0]["retrieval_errors"] == failed.errors
-    assert not rows[1]["retrieval_failed"] and rows[1]["policy"] == "continue"
-    group = next(g for g in aggregate(rows) if g.type == "all")
-    assert group.retrieval_error_rounds == 2 and group.retrieval_failed == 1
+    assert rows[0]["summary"]["retrieval_failed"] and rows[0]["summary"]["retrieval_errors"] == failed.errors
+    assert not rows[1]["summary"]["retrieval_failed"] and rows[1]["summary"]["policy"] == "continue"
+    # rows keep these in their summary (as runs written before they were lifted to the top
+    # level) or at the top level (as the runner writes them now): counted the same
+    lifted = [{**row, **{k: row["summary"][k] for k in ("policy", "retrieval_errors", "retrieval_failed")}}
+              for row in rows]
+    for shaped in (rows, lifted):
+        group = next(g for g in aggregate(shaped) if g.type == "all")
+        assert group.retrieval_error_rounds == 2 and group.retrieval_failed == 1
+        assert group.policies == ["continue"]
     assert group.mean["em"] == 1.0  # the answer without any retrieval is not a RIG answer
     text = markdown_report({"split": "all"}, rows)
     assert "Rounds with retrieval errors" in text and "every retrieval failed" in text

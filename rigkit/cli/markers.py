@@ -32,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="share of questions that also get an all-facts-given negative")
     p.add_argument("--stated-share", type=float, default=0.2,
                    help="share that also get a first-hop-given negative")
+    p.add_argument("--no-single-hop", dest="single_hop", action="store_false",
+                   help="do not add each hop of a multi-hop question as a question of its own")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_build_data)
 
@@ -54,13 +56,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=10, help="dev loss every N steps")
     p.add_argument("--eval-examples", type=int, default=40, help="dev examples per evaluation")
     p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--patience", type=int, default=3,
+                   help="stop after N dev evaluations without improvement (0: never stop early)")
+    p.add_argument("--keep", choices=["best", "last"], default="best",
+                   help="adapter to keep: lowest dev loss, or the last step")
     p.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the training report as JSON")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="how a marker model asks: markers, hops, query quality")
-    p.add_argument("--qa", required=True, action="append", help="QA JSONL (repeat for several sets)")
+    p.add_argument("--qa", action="append", help="QA JSONL (repeat for several sets)")
+    p.add_argument("--rows", nargs="+", metavar="FILE",
+                   help="print the table from rows written by earlier --out runs instead (e.g. one per set)")
     p.add_argument("--split", default="test", choices=["train", "dev", "test"])
     p.add_argument("--model", default="smollm2-135m-instruct+markers", help="the tuned model")
     p.add_argument("--base-model", default="smollm2-135m-instruct", help="model for FLARE's queries")
@@ -91,7 +99,8 @@ def _build_data(args: argparse.Namespace) -> int:
     for qa in args.qa:
         found, counts = build_marker_data(
             qa, args.split, generator, context_config=context, closed_share=args.closed_share,
-            stated_share=args.stated_share, seed=args.seed, max_tokens=args.max_tokens,
+            stated_share=args.stated_share, single_hop=args.single_hop, seed=args.seed,
+            max_tokens=args.max_tokens,
         )
         examples += found
         stats.update(counts)
@@ -110,7 +119,7 @@ def _train(args: argparse.Namespace) -> int:
         rank=args.rank, alpha=args.alpha, top_layers=args.top_layers, learning_rate=args.lr, epochs=args.epochs,
         grad_accum=args.grad_accum, max_steps=args.max_steps, max_len=args.max_len,
         time_budget_min=args.time_budget, eval_every=args.eval_every, eval_examples=args.eval_examples, save_every=args.save_every,
-        seed=args.seed,
+        patience=args.patience, keep=args.keep, seed=args.seed,
     )
     generator = load_generator(args.model)
     command = "rigkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
@@ -128,8 +137,17 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rigkit.finetune.evaluate import evaluate_markers
+    from rigkit.finetune.evaluate import MarkerEvalReport, evaluate_markers, load_rows
 
+    if args.rows:
+        rows = [row for path in args.rows for row in load_rows(path)]
+        report = MarkerEvalReport(rows, args.model, args.base_model, args.split)
+        print(json.dumps(report.to_dict()) if args.json else report.table())
+        return 0
+    if not args.qa:
+        from rigkit.errors import InputError
+
+        raise InputError("markers eval needs --qa (or --rows from earlier runs)")
     report = evaluate_markers(
         args.qa, split=args.split, model=args.model, base_model=args.base_model,
         config_path=args.config, limit=args.limit, end_effect=args.end_effect, rows_path=args.out,

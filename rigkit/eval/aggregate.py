@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "stage_names"]
+__all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "row_field", "stage_names"]
 
 # (key in a result line, column label, format). The order is the report's column order.
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -109,17 +109,24 @@ def _run_value(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def row_field(row: dict[str, Any], key: str) -> Any:
+    """A per-answer field; rows written before it was lifted keep it in their summary."""
+    return row[key] if key in row else (row.get("summary") or {}).get(key)
+
+
 def _group(system: str, qtype: str, rows: list[dict[str, Any]], stages: list[str]) -> GroupStats:
     answered = [r for r in rows if not r.get("error")]
-    good = [r for r in answered if not r.get("retrieval_failed")]
+    good = [r for r in answered if not row_field(r, "retrieval_failed")]
     by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in good:
         by_run[int(row.get("run", 0))].append(row)
     stats = GroupStats(system, qtype, questions=len({r["id"] for r in rows}), runs=len(by_run),
                        errors=len(rows) - len(answered),
-                       retrieval_error_rounds=sum(len(r.get("retrieval_errors") or []) for r in answered),
+                       retrieval_error_rounds=sum(len(row_field(r, "retrieval_errors") or []) for r in answered),
                        retrieval_failed=len(answered) - len(good),
-                       policies=sorted({r["policy"] for r in answered if r.get("policy")}))
+                       # closed-book and RAG answers never retrieve mid-answer: no policy to show
+                       policies=sorted({row_field(r, "policy") for r in answered
+                                        if system.startswith("rig") and row_field(r, "policy")}))
     for key, _, _ in METRICS:
         run_means = []
         for run_rows in by_run.values():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rigkit.eval.aggregate import ALL_TYPES, GroupStats
+from rigkit.eval.aggregate import ALL_TYPES, GroupStats, row_field
 
 __all__ = ["accuracy_figure", "latency_figure", "retrievals_figure", "scatter_figure",
            "support_figure", "retrieval_errors_figure", "has_support_metrics", "has_retrieval_errors",
@@ -89,7 +89,7 @@ def retrievals_figure(rows: list[dict[str, Any]]) -> Any:
     answer: both stay out, as they do of the tables (see `retrieval_errors_figure`)."""
     go, _ = _go()
     fig = go.Figure()
-    good = [r for r in rows if not r.get("error") and not r.get("retrieval_failed")]
+    good = [r for r in rows if not r.get("error") and not row_field(r, "retrieval_failed")]
     for system in dict.fromkeys(r["system"] for r in good):
         values = [int(r.get("retrievals") or 0) for r in good if r["system"] == system]
         fig.add_histogram(x=values, name=system, xbins={"start": -0.5, "size": 1})

@@ -161,6 +161,9 @@ def shard_items(items: Sequence[QAItem], shard: tuple[int, int] | None) -> list[
     return [q for k, q in enumerate(items) if k % n == i - 1]
 
 
+ROW_FIELDS = ("policy", "retrieval_errors", "retrieval_failed")  # lifted from the summary
+
+
 def summarize_result(result: RIGResult) -> dict[str, Any]:
     """The compact trace kept in a result line (the full trace goes to traces.jsonl)."""
     return {
@@ -246,6 +249,8 @@ def _answer_row(system: System, item: QAItem, run: int, seed: int,
     row.update(score_result(result, item, faithfulness))
     row["model"] = {k: result.model.get(k) for k in ("spec", "source") if k in result.model}
     row["summary"] = summarize_result(result)
+    # what the report counts per answer, at the row's top level beside the scores
+    row.update({key: row["summary"][key] for key in ROW_FIELDS})
     row["error"] = None
     return row, result
 

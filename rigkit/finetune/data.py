@@ -24,7 +24,7 @@ import json
 import random
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 TRAINABLE_SPLITS = ("train", "dev")
-KINDS = ("retrieve", "stated", "closed")
+KINDS = ("retrieve", "stated", "closed", "single")
 _PLACEHOLDER = re.compile(r"#(\d+)")
 _WH = re.compile(r"^(who|whom|whose|what|which|when|where|why|how|in what|in which|the)\b", re.I)
 
@@ -262,6 +262,39 @@ def render_example(
     )
 
 
+_QUESTION_WORDS = {"who", "whom", "whose", "what", "when", "where", "which", "why", "how", "is", "are",
+                   "was", "were", "did", "does", "do", "in"}
+_PERSON_RELATIONS = {"father", "mother", "spouse", "sibling", "child", "director", "composer", "performer",
+                     "producer", "screenwriter", "founder", "author", "creator", "editor", "lyricist"}
+
+
+def step_question(step: Step) -> str:
+    """One hop asked as a question of its own ("father of X" -> "Who is the father of X?")."""
+    query = step.query.strip().rstrip("?").strip()
+    first = query.split(" ", 1)[0].lower()
+    if first in _QUESTION_WORDS:
+        return f"{_capitalised(query)}?"
+    return f"{'Who' if first in _PERSON_RELATIONS else 'What'} is the {query}?"
+
+
+def single_hop_examples(record: dict[str, Any], steps: Sequence[Step], context: ContextManager,
+                        tag: str = "retrieve") -> list[MarkerExample]:
+    """Each hop with a gold passage as a one-hop question: ask, read, state, answer.
+
+    More (and shorter) questions of more shapes than the multi-hop ones alone, so the model learns
+    to ask on a question it does not know rather than on the look of a multi-hop question.
+    """
+    out = []
+    for i, step in enumerate(steps):
+        if step.passage is None or step.stated:
+            continue
+        hop = {**record, "id": f"{record['id']}:hop{i + 1}", "question": step_question(step), "answer": step.answer}
+        example = render_example(hop, [replace(step, stated=False)], context, "retrieve", tag)
+        example.kind, example.source_id, example.id = "single", str(record["id"]), f"{record['id']}:single{i + 1}"
+        out.append(example)
+    return out
+
+
 def _kind_for(record_id: str, seed: int, closed_share: float, stated_share: float, hops: int) -> str:
     draw = random.Random(f"{seed}:{record_id}").random()
     if draw < closed_share:
@@ -278,18 +311,21 @@ def build_examples(
     context_config: ContextConfig | None = None,
     closed_share: float = 0.15,
     stated_share: float = 0.2,
+    single_hop: bool = True,
     seed: int = 0,
     max_tokens: int = 512,
 ) -> tuple[list[MarkerExample], dict[str, int]]:
     """Examples for `records` with the generator's chat template and tokenizer.
 
     Every question yields a `retrieve` example; a seeded share also yields a `stated` or `closed`
-    negative. Examples longer than `max_tokens` are skipped (counted in the returned stats).
+    negative; `single_hop` adds each hop as a question of its own (`single_hop_examples`).
+    Examples longer than `max_tokens` are skipped (counted in the returned stats).
     """
     config = context_config or ContextConfig(max_passage_tokens=80)
     context = ContextManager(config, generator.count_tokens, generator.render_chat, use_markers=True)
     examples: list[MarkerExample] = []
     stats = {"questions": 0, "no_steps": 0, "too_long": 0}
+    single_questions: set[str] = set()
     for record in records:
         stats["questions"] += 1
         steps = question_steps(record)
@@ -300,8 +336,13 @@ def build_examples(
         extra = _kind_for(str(record["id"]), seed, closed_share, stated_share, len(steps))
         if extra != "retrieve":
             kinds.append(extra)
-        for kind in kinds:
-            example = render_example(record, steps, context, kind, config.marker_tag)
+        candidates = [render_example(record, steps, context, kind, config.marker_tag) for kind in kinds]
+        if single_hop and len(steps) > 1:
+            for example in single_hop_examples(record, steps, context, config.marker_tag):
+                if example.question not in single_questions:  # hops shared by two questions once
+                    single_questions.add(example.question)
+                    candidates.append(example)
+        for example in candidates:
             ids, _ = encode_example(generator.tokenizer, example, end_of_turn(generator))
             if len(ids) > max_tokens:
                 stats["too_long"] += 1

@@ -59,7 +59,8 @@ class LoraTrainConfig:
     time_budget_min: float | None = None
     eval_every: int = 10
     save_every: int = 5
-    patience: int = 3
+    patience: int = 3  # dev evaluations without improvement before stopping; 0: never stop early
+    keep: str = "best"  # the adapter written to out_dir: "best" (lowest dev loss) or "last"
     eval_examples: int = 40  # dev examples per evaluation (a forward pass each: time on a CPU)
     seed: int = 0
     target_modules: tuple[str, ...] = TARGET_MODULES
@@ -199,6 +200,8 @@ def train_markers(
     from tqdm.auto import tqdm
 
     config = config or LoraTrainConfig()
+    if config.keep not in ("best", "last"):
+        raise InputError(f"keep must be 'best' or 'last', not {config.keep!r}")
     out_dir, data_path = Path(out_dir), Path(data_path)
     train = encode_all(read_examples(data_path), generator, config.max_len)
     dev = encode_all(read_examples(eval_path), generator, config.max_len)[: config.eval_examples] if eval_path else []
@@ -312,7 +315,7 @@ def train_markers(
                 bad_evals += 1
         if report.steps % config.save_every == 0 or report.steps == planned:
             save_checkpoint(elapsed_before + time.monotonic() - started)
-        if dev and bad_evals >= config.patience:
+        if dev and config.patience and bad_evals >= config.patience:
             report.stopped_because = f"dev loss did not improve {config.patience} times"
             break
     bar.close()
@@ -325,9 +328,9 @@ def train_markers(
     elapsed = elapsed_before + time.monotonic() - started
     save_checkpoint(elapsed)
 
-    # The adapter shipped: the best on dev when there is dev data, else the last.
+    # The adapter kept: the best on dev when there is dev data (unless `keep="last"`), else the last.
     final_weights = None
-    if dev and (out_dir / "best" / ADAPTER_FILE).exists():
+    if dev and config.keep == "best" and (out_dir / "best" / ADAPTER_FILE).exists():
         from safetensors.torch import load_file
 
         final_weights = {k: v.float() for k, v in load_file(out_dir / "best" / ADAPTER_FILE).items()}
