@@ -8,10 +8,9 @@ module hooks, so the run splits into the model's forward passes and everything e
     loop overhead = (RIG wall - RIG forward time) - (bare wall - bare forward time)
 
 i.e. what rigkit adds beyond the forward passes and beyond `generate`'s own per-token work,
-reported as a share of the bare `generate` wall time (the issue's goal: <= 5%). The extra forward
-passes the loop makes (one per segment boundary: each call re-feeds the token the last one
-ended on, since `generate` needs at least one new input token) are model work and are counted
-separately.
+reported as a share of the bare `generate` wall time (the goal: <= 5%). Forward passes the loop
+makes beyond the bare `generate` are model work and are counted separately (there was one per
+segment boundary until a stopped segment's look-ahead token was carried into the next call).
 
 Then the per-round cost of each stage that is not the model, from `always` and `prob` runs with
 retrieval (decide, query, inject, trace building = round total minus its stages), and micro
@@ -207,7 +206,7 @@ def main(argv=None) -> int:
         print(f"     all non-forward time of RIG     {100 * s['rig_non_forward_share']:.1f}% of bare "
               f"(bare generate's own: {100 * ratio(s['bare_non_forward_s'], s['bare_s']):.1f}%)")
         print(f"     extra forward passes            {s['extra_forward_passes']} "
-              f"(+{100 * s['extra_forward_share']:.1f}%, ~{s['extra_forward_s_est']:.2f} s: one per segment boundary)")
+              f"(+{100 * s['extra_forward_share']:.1f}%, ~{s['extra_forward_s_est']:.2f} s)")
     stage_qs = questions[: 1 if args.quick else 2]
     stages = stage_costs(generator, retriever, stage_qs, ["always"] if args.quick else ["always", "prob", "entropy"])
     print("\nper-round cost of the stages that are not the model (ms per round; share of wall):")

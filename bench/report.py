@@ -86,7 +86,7 @@ def overhead_rows(r: dict) -> list[tuple[str, str, str, str]]:
             f"`never` RIG vs one bare `model.generate` of the same tokens ({s['questions']} questions, "
             f"same tokens {s['same_tokens']}/{s['questions']})",
             f"wall {x(s['rig_vs_bare'])}; non-forward overhead {100 * s['loop_overhead_share']:+.1f}% of bare; "
-            f"+{100 * s['extra_forward_share']:.1f}% forward passes (one per segment boundary)",
+            f"+{100 * s['extra_forward_share']:.1f}% forward passes",
             f"<= 5%: {goal(s['loop_overhead_share'] <= 0.05)}",
         ))
     st = r["stop_rule"]

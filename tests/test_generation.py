@@ -222,3 +222,37 @@ def test_bfloat16_gives_the_same_rounds_as_float32(seed):
         # bfloat16 keeps ~3 significant digits; measured here: logprobs within 0.18, entropies 0.28
         assert b.logprobs == pytest.approx(a.logprobs, abs=0.35)
         assert b.entropies == pytest.approx(a.entropies, abs=0.35)
+
+
+@pytest.mark.slow
+def test_a_stopped_segment_carries_its_extra_token_into_the_next_call():
+    """The stop rule sees the token after a full stop; the next segment starts with that token
+    instead of computing it again: one forward pass per generated token, as in one `generate`."""
+    import torch
+
+    from rigkit.generation import load_generator
+
+    question = "Describe the MIT licence and the Apache-2.0 licence in four sentences."
+    runs = {}
+    for use_cache in (True, False):
+        generator = load_generator(use_cache=use_cache)
+        passes = []
+        handle = generator.model.register_forward_pre_hook(lambda *_, passes=passes: passes.append(1))
+        try:
+            with torch.no_grad():
+                prompt, segments = [Piece(generator.render_chat([{"role": "user", "content": question}], True))], []
+                for _ in range(3):
+                    segment = generator.next_segment(prompt, StopRule(), 40)
+                    segments.append(segment)
+                    prompt.append(Piece(segment.text, tuple(segment.token_ids)))
+                    if segment.finished:
+                        break
+        finally:
+            handle.remove()
+        runs[use_cache] = segments, len(passes)
+    (cached, cached_passes), (fresh, _) = runs[True], runs[False]
+    assert cached[0].finish_reason == "stop" and len(cached) >= 2  # a boundary to carry over
+    assert [s.token_ids for s in cached] == [s.token_ids for s in fresh]
+    # one pass per token kept, plus the end-of-turn token or the last segment's look-ahead token;
+    # before, each boundary cost one more (the look-ahead token was thrown away and recomputed)
+    assert cached_passes == sum(len(s.token_ids) for s in cached) + 1

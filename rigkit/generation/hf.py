@@ -69,6 +69,10 @@ class HFGenerator:
         self._internals_key: tuple[int, ...] | None = None
         self._internals: tuple[list[list[float]], list[float]] | None = None
         self._cache_kwarg = _cache_kwarg_name(model)
+        # The token a stopped segment generated past its end (the stop rule needs the whitespace
+        # after a full stop) and its logits, for the prompt that segment ends: when the next call
+        # continues exactly that prompt, this token is its first, without a forward pass.
+        self._carry: tuple[list[int], int, Any] | None = None
 
     @property
     def device(self) -> Any:
@@ -88,17 +92,22 @@ class HFGenerator:
         from transformers import StoppingCriteriaList
 
         ids = self.encode(prompt)
-        reused = self._prepare_cache(ids)
+        carry, self._carry = self._carry, None
+        if not (carry and self.use_cache and max_new_tokens > 1 and carry[0] == ids):
+            carry = None
+        first = [carry[1]] if carry else []  # fed as input: the model goes on after it
+        reused = self._prepare_cache(ids + first)
         kwargs = self._sampling_kwargs()
         if on_token is not None:
-            kwargs["streamer"] = _TokenCallbackStreamer(self.tokenizer, on_token)
+            kwargs["streamer"] = _TokenCallbackStreamer(self.tokenizer, on_token, first)
         if self.use_cache:
             kwargs[self._cache_kwarg] = self._cache
+        inputs = ids + first
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=torch.tensor([ids], device=self.device),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device),
-                max_new_tokens=max_new_tokens,
+                input_ids=torch.tensor([inputs], device=self.device),
+                attention_mask=torch.ones(1, len(inputs), dtype=torch.long, device=self.device),
+                max_new_tokens=max_new_tokens - len(first),
                 stopping_criteria=StoppingCriteriaList([_StopOnText(self.tokenizer, len(ids), stop)]),
                 return_dict_in_generate=True,
                 output_logits=True,
@@ -106,15 +115,19 @@ class HFGenerator:
                 pad_token_id=self.eos_token_ids[0],
                 **kwargs,
             )
-        new_ids = out.sequences[0, len(ids) :].tolist()
-        logits = torch.stack(out.logits, dim=1)[0].float()  # (n_new, vocab)
+        new_ids = out.sequences[0, len(ids) :].tolist()  # the carried token first
+        steps = [step[0].float() for step in out.logits]
+        logits = torch.stack([carry[2], *steps] if carry else steps)  # (n_new, vocab)
         if self.use_cache:
             returned = getattr(out, self._cache_kwarg, None)  # the same object, grown
             self._cache = returned if returned is not None else self._cache
             self._cache_ids = (ids + new_ids)[: self._cache.get_seq_length()]
         self._last_prompt_ids = ids
         segment = self._to_segment(new_ids, logits, stop, max_new_tokens)
-        segment.tokens_prefilled, segment.tokens_reused = len(ids) - reused, reused
+        segment.tokens_prefilled, segment.tokens_reused = len(inputs) - reused, reused
+        keep = len(segment.token_ids)
+        if segment.finish_reason == "stop" and keep < len(new_ids) and new_ids[keep] not in self.eos_token_ids:
+            self._carry = (ids + new_ids[:keep], new_ids[keep], logits[keep].detach().clone())
         self._history = self._history[-31:] + [(segment, ids)]
         return segment
 
@@ -161,7 +174,7 @@ class HFGenerator:
         """Forget the cache (a new question) and reseed sampling."""
         import torch
 
-        self._cache, self._cache_ids, self._history = None, [], []
+        self._cache, self._cache_ids, self._history, self._carry = None, [], [], None
         if seed is not None:
             torch.manual_seed(seed)
 
@@ -378,9 +391,9 @@ class _TokenCallbackStreamer:
     abort the generation (a client that went away).
     """
 
-    def __init__(self, tokenizer: Any, on_token: Callable[[str], None]):
+    def __init__(self, tokenizer: Any, on_token: Callable[[str], None], first: Sequence[int] = ()):
         self.tokenizer, self.on_token = tokenizer, on_token
-        self.ids: list[int] = []
+        self.ids: list[int] = list(first)  # a carried token: part of the prompt, yet new text
         self.sent = ""
         self.prompt_seen = False
 
