@@ -46,23 +46,28 @@ class ScriptedModel:
     def __init__(self, model: Any, script: Sequence[Sequence[int]] | None = None):
         self._model = model
         self.script = [list(s) for s in script] if script is not None else None
-        self.calls: list[list[int]] = []  # new token ids of each generate call, in order
+        self.calls: list[list[int]] = []  # each segment call's tokens, in order
+        self.generator: HFGenerator | None = None  # set by `scripted_generator`
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         from transformers import LogitsProcessorList
 
         prompt_len = int(kwargs["input_ids"].shape[1])
+        # A call may start with a token the previous call generated past its segment's end (the
+        # generator carries it instead of computing it again): it belongs to this call's tokens,
+        # so the record is the same whether or not a way carries (a cache-off way never does).
+        carried = list(getattr(self.generator, "carried", None) or [])
         if self.script is not None:
             i = len(self.calls)
             script = self.script[i] if i < len(self.script) else []
             eos = kwargs.get("eos_token_id")
             eos = eos[0] if isinstance(eos, (list, tuple)) else eos
             processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
-            processors.append(_ForceTokens(script, prompt_len, int(eos)))
+            processors.append(_ForceTokens(script[len(carried):], prompt_len, int(eos)))
             kwargs["logits_processor"] = processors
         out = self._model.generate(*args, **kwargs)
         sequences = getattr(out, "sequences", out)
-        self.calls.append(sequences[0, prompt_len:].tolist())
+        self.calls.append(carried + sequences[0, prompt_len:].tolist())
         return out
 
     def eval(self) -> ScriptedModel:
@@ -86,6 +91,7 @@ def scripted_generator(
         model, base.tokenizer, spec=base.spec, source=base.source, use_cache=use_cache,
         temperature=base.temperature, top_p=base.top_p,
     )
+    model.generator = generator
     return generator, model
 
 

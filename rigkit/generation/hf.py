@@ -73,6 +73,7 @@ class HFGenerator:
         # after a full stop) and its logits, for the prompt that segment ends: when the next call
         # continues exactly that prompt, this token is its first, without a forward pass.
         self._carry: tuple[list[int], int, Any] | None = None
+        self.carried: list[int] = []  # the tokens the latest call started with, carried over
 
     @property
     def device(self) -> Any:
@@ -96,6 +97,7 @@ class HFGenerator:
         if not (carry and self.use_cache and max_new_tokens > 1 and carry[0] == ids):
             carry = None
         first = [carry[1]] if carry else []  # fed as input: the model goes on after it
+        self.carried = first
         reused = self._prepare_cache(ids + first)
         kwargs = self._sampling_kwargs()
         if on_token is not None:
@@ -137,6 +139,7 @@ class HFGenerator:
 
         text = self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
         ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(self.device)
+        self.carried = []
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids,
