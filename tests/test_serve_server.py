@@ -114,7 +114,9 @@ def test_openai_sdk_client_side_tool_loop_to_completion(sdk):
     searched = []
     for _ in range(4):
         reply = sdk.chat.completions.create(model=MODEL, messages=messages, tools=tools,
-                                            extra_body={"turns": 1, "options": {"decider": "always"}})
+                                            # room left after the first sentence: passages
+                                            # that come back are read, not merely injected
+                                            extra_body={"turns": 1, "options": {"decider": "always", "max_tokens": 64}})
         choice = reply.choices[0]
         if choice.finish_reason != "tool_calls":
             break
@@ -126,6 +128,8 @@ def test_openai_sdk_client_side_tool_loop_to_completion(sdk):
     assert len(searched) == 1 and searched[0].strip()  # `turns: 1` allowed exactly one tool round
     assert choice.finish_reason in ("stop", "length") and choice.message.content.strip()
     assert reply.model_extra["rig"]["used_retrieval_times"] == 1
+    rounds = reply.model_extra["rig"]["rounds"]
+    assert len(rounds) >= 2  # the model went on after the tool's passages: they were read
 
 
 # -- (b) JSON-RPC, (c) /retrieve and RemoteRetriever -----------------------------------------------
