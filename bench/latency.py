@@ -49,6 +49,7 @@ from common import (
 
 from rigkit.config import load_config
 from rigkit.controller import STAGES
+from rigkit.eval.runner import TRACES_FILE, ResultsFile, read_results, result_key
 from rigkit.eval.systems import build_system, parse_system
 from rigkit.generation import load_generator
 
@@ -86,32 +87,27 @@ def answer(system, generator, question: str) -> dict[str, Any]:
 
 def rows_from_eval(run_dirs: list[str], names) -> tuple[list[dict], dict[str, int]]:
     """Bench rows from the results (and traces, for the final answer's length) of eval runs."""
-    rows, asked = [], {}
+    rows = []
     for run_dir in map(Path, run_dirs):
         answer_tokens = {}
-        with open(run_dir / "traces.jsonl", encoding="utf-8") as lines:
-            for line in lines:
-                trace = json.loads(line)
-                rounds = trace["result"].get("rounds") or []
-                budget = (rounds[-1].get("budget") or {}) if rounds else {}
-                answer_tokens[(trace["id"], trace["system"], trace["run"])] = budget.get("draft", 0)
-        with open(run_dir / "results.jsonl", encoding="utf-8") as lines:
-            results = [json.loads(line) for line in lines if line.strip()]
-        for r in results:
+        for trace in ResultsFile(run_dir / TRACES_FILE).rows():
+            rounds = trace["result"].get("rounds") or []
+            budget = (rounds[-1].get("budget") or {}) if rounds else {}
+            answer_tokens[result_key(trace)] = budget.get("draft", 0)
+        for r in read_results(run_dir):
             if r["system"] not in names or r.get("error"):
                 continue
-            asked[r["dataset"]] = asked.get(r["dataset"], 0)
             stages = {k: float(r["timings"].get(k, 0.0)) for k in STAGES}
             stages["other"] = max(0.0, r["latency"] - sum(stages.values()))
             rows.append({
                 "dataset": r["dataset"], "question": r["id"], "system": r["system"], "seconds": r["latency"],
                 "model_calls": r["segments"] + r["extra_model_calls"], "forward_passes": r["forward_passes"],
-                "forward_s": None, "answer_tokens": answer_tokens.get((r["id"], r["system"], r["run"]), 0),
+                "forward_s": None, "answer_tokens": answer_tokens.get(result_key(r), 0),
                 "generated": r["tokens_generated"], "prefilled": r["tokens_prefilled"],
                 "reused": r["tokens_reused"], "retrievals": r["retrievals"], "stages": stages,
             })
-    for dataset in asked:
-        asked[dataset] = len({r["question"] for r in rows if r["dataset"] == dataset})
+    datasets = dict.fromkeys(r["dataset"] for r in rows)
+    asked = {d: len({r["question"] for r in rows if r["dataset"] == d}) for d in datasets}
     return rows, asked
 
 

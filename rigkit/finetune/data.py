@@ -20,7 +20,6 @@ error, so a model trained on these files can still be measured on the test split
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Iterable, Sequence
@@ -32,7 +31,7 @@ from rigkit.config import ContextConfig
 from rigkit.context import ContextManager
 from rigkit.datasets import load_qa, split_questions
 from rigkit.errors import InputError
-from rigkit.files import write_jsonl_atomic
+from rigkit.files import iter_jsonl, write_jsonl_atomic
 from rigkit.trace import Hit, Segment
 
 __all__ = [
@@ -411,12 +410,10 @@ def read_examples(path: str | Path) -> list[MarkerExample]:
     if not path.exists():
         raise InputError(f"{path}: marker data not found (build it with `rigkit markers build-data`)")
     examples = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, record in iter_jsonl(path, InputError):
         try:
-            examples.append(MarkerExample(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as err:
+            examples.append(MarkerExample(**record))
+        except TypeError as err:
             raise InputError(f"{path}, line {lineno}: not a marker example ({err})") from None
     if not examples:
         raise InputError(f"{path}: no examples")

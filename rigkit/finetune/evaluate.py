@@ -13,7 +13,6 @@ Per question of each set's split:
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from typing import Any
 
 from rigkit.config import load_config
 from rigkit.errors import InputError
-from rigkit.files import write_jsonl_atomic
+from rigkit.files import iter_jsonl, write_jsonl_atomic
 from rigkit.markers import find_markers
 
 __all__ = ["MarkerEvalRow", "MarkerEvalReport", "evaluate_markers", "well_formed_markers"]
@@ -240,4 +239,4 @@ def evaluate_markers(
 
 def load_rows(path: str | Path) -> list[MarkerEvalRow]:
     """Rows written with `rows_path` (to re-print a table without re-running)."""
-    return [MarkerEvalRow(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [MarkerEvalRow(**row) for _, row in iter_jsonl(path, InputError)]
