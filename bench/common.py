@@ -3,7 +3,7 @@
 Each script takes `--quick` (a minute or two, run by `make bench-quick` and by a test so the
 scripts never rot) and writes one JSON file into `bench/results/` (quick runs into
 `bench/results/quick/`), atomically, with the machine, the date, the command and the mode.
-`bench/report.py` turns the full-mode files into the README's table.
+`bench/report.py` turns the full-mode files into the table of docs/performance.md.
 """
 
 from __future__ import annotations

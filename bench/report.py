@@ -1,4 +1,4 @@
-"""Print the README's performance table (markdown) from the suite's JSON in bench/results/.
+"""Print the performance table of docs/performance.md (markdown) from the suite's JSON in bench/results/.
 
     python bench/report.py             # the full-mode results (what `make bench` wrote)
     python bench/report.py --quick     # the quick-mode results

@@ -8,7 +8,7 @@ and prints p50 / p95 latency (a client's wall time per answer, queueing and retr
 throughput (answers per second), the 429 count, and the ratios load / alone. Every question must
 end with exactly one answer: a lost or failed request is an error, not a statistic.
 
-    python bench/serve.py            # 16 clients x 3 questions, 24-token answers: the README figures
+    python bench/serve.py            # 16 clients x 3 questions, 24-token answers: the figures in docs/serving.md
     python bench/serve.py --quick    # 4 clients x 2 questions, 8-token answers (~a minute)
 """
 

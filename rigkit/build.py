@@ -1,24 +1,76 @@
-"""Assemble a run from its config: one explicit registry per extension point, no sniffing.
+"""Turn a config into the parts of a run: the one module that does.
 
-`build` only puts parts together; the systems an evaluation compares (closed book, plain RAG,
-RIG) are defined in `rigkit.eval.systems`.
+`build_run(config)` builds the generator, retriever, decider, query builder, context manager and
+the controller over them, and hands them back together as a `Run`; `build_controller(config)` is
+that run's controller. The commands, the server, evaluation, trigger and marker training and the
+widgets ask here for what they need: one part alone (`build_generator`, `build_retriever`,
+`build_decider`) or a controller over parts they made themselves (`assemble`). Each part comes
+from its package's explicit registry (`rigkit.generation`, `rigkit.retrieval.RETRIEVERS`,
+`rigkit.deciders.DECIDERS`, `rigkit.queries`); nothing here sniffs a model name.
+
+`build` sits below the commands and above the core: it imports no command package. The systems
+an evaluation compares (closed book, plain RAG, RIG) are defined in `rigkit.eval.systems`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from rigkit.config import DeciderConfig, RunConfig
+from rigkit.config import DeciderConfig, GeneratorConfig, RetrievalConfig, RunConfig
 from rigkit.context import ContextManager
 from rigkit.controller import RIGController
 from rigkit.deciders import Decider
 from rigkit.generation import Generator
 from rigkit.markers import MarkerProtocol, resolve_protocol
+from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
 
-__all__ = ["build_controller", "build_decider", "assemble", "uses_markers", "context_limit"]
+__all__ = [
+    "Run",
+    "build_run",
+    "build_controller",
+    "build_generator",
+    "build_retriever",
+    "build_decider",
+    "assemble",
+    "uses_markers",
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Every part of one run, built from one config; `controller` runs the loop over the others."""
+
+    config: RunConfig
+    generator: Generator
+    retriever: Retriever
+    decider: Decider
+    query_builder: QueryBuilder
+    context: ContextManager
+    controller: RIGController
+
+
+def build_run(
+    config: RunConfig | None = None,
+    generator: Generator | None = None,
+    retriever: Retriever | None = None,
+    callbacks: Sequence[Any] = (),
+) -> Run:
+    """Every part built from `config`; pass a loaded generator or retriever to share it across runs."""
+    config = config or RunConfig()
+    generator = generator if generator is not None else build_generator(config.generator)
+    retriever = retriever if retriever is not None else build_retriever(config.retrieval)
+    # one marker protocol for the system prompt, the stop rule, the passages and the decider
+    protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
+    decider_config = _with_protocol(config.decider, protocol)
+    from rigkit.generation import check_decider_support
+
+    check_decider_support(decider_config, generator)
+    decider = build_decider(decider_config, generator)
+    return _run(config, generator, retriever, decider, callbacks, uses_markers(config))
 
 
 def build_controller(
@@ -27,58 +79,33 @@ def build_controller(
     retriever: Retriever | None = None,
     callbacks: Sequence[Any] = (),
 ) -> RIGController:
-    """A controller with every part built from `config`; pass parts to share them across runs."""
-    config = config or RunConfig()
-    if generator is None:
-        from rigkit.generation import generator_from_config
+    """The controller of `build_run(config, generator, retriever, callbacks)`."""
+    return build_run(config, generator, retriever, callbacks).controller
 
-        generator = generator_from_config(config.generator)
-    if retriever is None:
-        from rigkit.retrieval import open_retriever
 
-        retriever = open_retriever(config.retrieval)
-    # one marker protocol for the system prompt, the stop rule, the passages and the decider
-    protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
-    decider_config = _with_protocol(config.decider, protocol)
-    from rigkit.generation import check_decider_support
+def build_generator(config: GeneratorConfig | None = None) -> Generator:
+    """The generator `config` describes: in-process (`hf`, device, dtype...) or served (`openai`)."""
+    from rigkit import generation  # looked up at each call, so a test can stand in for the loader
 
-    check_decider_support(decider_config, generator)
-    decider = build_decider(decider_config, generator)
-    return assemble(config, generator, retriever, decider, callbacks, uses_markers(config))
+    return generation.generator_from_config(config or GeneratorConfig())
+
+
+def build_retriever(config: RetrievalConfig | None = None) -> Retriever:
+    """The retriever `config` describes (`retrieval.mode` picks it from `RETRIEVERS`)."""
+    from rigkit import retrieval  # looked up at each call, as in build_generator
+
+    return retrieval.open_retriever(config or RetrievalConfig())
 
 
 def build_decider(config: DeciderConfig, generator: Generator | None = None) -> Decider:
-    """`rigkit.deciders.build_decider`, with trained trigger files (`trigger_model`) loaded."""
-    from rigkit.deciders import build_decider as from_registry
+    """The decider `config` describes, a classifier's trained file (`trigger_model`) opened.
 
-    def load(path: str, embedder: Any | None = None):
-        from rigkit.trigger.model import load_trigger
+    The one way to build a decider from its config; `generator` goes to the deciders that read
+    from it (attention, hidden states). Registering a class: `rigkit.deciders.DECIDERS`.
+    """
+    from rigkit.deciders import decider_from_config
 
-        return load_trigger(path, embedder=embedder)
-
-    return from_registry(config, generator, load_trigger=load)
-
-
-def _with_protocol(config: DeciderConfig, protocol: MarkerProtocol) -> DeciderConfig:
-    """`config` with the run's marker protocol given to every marker decider in it that names
-    neither a tag nor a protocol of its own."""
-    members = tuple(_with_protocol(m, protocol) for m in config.members)
-    params = config.params
-    if config.name == "marker" and not {"tag", "protocol"} & set(params):
-        params = {**params, "protocol": protocol}
-    return dataclasses.replace(config, params=params, members=members)
-
-
-def uses_markers(config: RunConfig) -> bool:
-    """Whether the system prompt must teach the marker protocol."""
-    names = [config.decider.name] + [m.name for m in config.decider.members]
-    return "marker" in names
-
-
-def context_limit(generator: Generator) -> int:
-    """The model's context length, or 4096 when the generator does not say."""
-    model_config = getattr(getattr(generator, "model", None), "config", None)
-    return int(getattr(model_config, "max_position_embeddings", 4096) or 4096)
+    return decider_from_config(config, generator)
 
 
 def assemble(
@@ -89,17 +116,45 @@ def assemble(
     callbacks: Sequence[Any] = (),
     markers: bool = False,
 ) -> RIGController:
-    """A controller from ready parts; context and query builder come from `config`."""
+    """A controller over ready parts (e.g. a decider of your own); context and query builder
+    come from `config`, `markers` says whether the system prompt teaches the marker protocol."""
+    return _run(config, generator, retriever, decider, callbacks, markers).controller
+
+
+def uses_markers(config: RunConfig) -> bool:
+    """Whether the system prompt must teach the marker protocol."""
+    names = [config.decider.name] + [m.name for m in config.decider.members]
+    return "marker" in names
+
+
+def _run(
+    config: RunConfig,
+    generator: Generator,
+    retriever: Retriever,
+    decider: Decider,
+    callbacks: Sequence[Any],
+    markers: bool,
+) -> Run:
     from rigkit.queries import build_query_builder
 
+    query_builder = build_query_builder(config.query, generator)
     context = ContextManager(
         config.context, generator.count_tokens, generator.render_chat,
-        context_limit=context_limit(generator), use_markers=markers,
+        context_limit=generator.context_limit, use_markers=markers,
     )
     controller = RIGController(
-        generator, retriever, decider, build_query_builder(config.query, generator), context,
+        generator, retriever, decider, query_builder, context,
         config=config.controller, generation=config.generator, top_k=config.retrieval.top_k,
-        callbacks=callbacks, citations=config.context.citations,
+        callbacks=callbacks, citations=config.context.citations, run_config=config.to_dict(),
     )
-    controller.run_config = config.to_dict()
-    return controller
+    return Run(config, generator, retriever, decider, query_builder, context, controller)
+
+
+def _with_protocol(config: DeciderConfig, protocol: MarkerProtocol) -> DeciderConfig:
+    """`config` with the run's marker protocol given to every marker decider in it that names
+    neither a tag nor a protocol of its own."""
+    members = tuple(_with_protocol(m, protocol) for m in config.members)
+    params = config.params
+    if config.name == "marker" and not {"tag", "protocol"} & set(params):
+        params = {**params, "protocol": protocol}
+    return dataclasses.replace(config, params=params, members=members)

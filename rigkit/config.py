@@ -1,14 +1,23 @@
 """Run configuration: one frozen dataclass per component, nested in `RunConfig`.
 
-Precedence is defaults < YAML file < keyword overrides. Unknown keys are an error, so a typo in a
-config file never silently falls back to a default.
+Precedence is defaults < YAML file < `--set section.key=value` settings < keyword overrides (the
+command line's own flags). Unknown keys are an error, so a typo in a config file never silently
+falls back to a default. Every default of a run lives here, once; the trailing comment of each
+field is its documentation (`python -m rigkit.config` prints docs/config.md from them).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import io
+import sys
+import textwrap
+import tokenize
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +27,7 @@ import yaml
 from rigkit.errors import RigkitError
 
 __all__ = [
+    "DEFAULT_CONTEXT_LIMIT",
     "ConfigError",
     "GeneratorConfig",
     "RetrievalConfig",
@@ -27,7 +37,14 @@ __all__ = [
     "ControllerConfig",
     "RunConfig",
     "load_config",
+    "apply_settings",
+    "field_docs",
+    "config_reference",
 ]
+
+
+# the context length assumed for a model whose config does not state one (a served model)
+DEFAULT_CONTEXT_LIMIT = 4096
 
 
 class ConfigError(RigkitError, ValueError):
@@ -40,8 +57,8 @@ class GeneratorConfig:
     max_segment_tokens: int = 48  # a segment pauses here if no sentence end came first
     max_answer_tokens: int = 256  # the whole answer's token limit
     temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
+    top_p: float = 1.0  # nucleus sampling: keep the smallest token set this likely (1 = all)
+    seed: int = 0  # sampling seed; evaluation repeats use seed + run
     use_cache: bool = True  # reuse the KV cache across rounds
     backend: str = "hf"  # hf (in-process transformers) | openai (an OpenAI-compatible server)
     # in-process placement (backend hf)
@@ -51,46 +68,46 @@ class GeneratorConfig:
     attn_implementation: str = "sdpa"  # eager is switched on only for the attention pass
     trust_remote_code: bool = False  # run a hub model's own Python code (only if you trust it)
     # served model (backend openai)
-    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1
+    base_url: str | None = None  # the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1
     api_key_env: str | None = None  # name of the environment variable holding the API key
-    tokenizer: str | None = None  # the served model's tokenizer (name or path); None = model
+    tokenizer: str | None = None  # the served model's tokenizer (name or path); null = generator.model
     top_logprobs: int = 20  # top-k log-probabilities per token (vLLM caps at --max-logprobs)
     request_timeout: float = 120.0  # seconds per request
-    max_retries: int = 4  # on connection errors, 429 and 503, with exponential backoff
+    max_retries: int = 4  # on connection errors, 429, 502, 503 and 504, with backoff (Retry-After honoured)
 
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    corpus: str | None = None  # JSONL or folder; None with no index = the demo corpus
-    index: str | None = None  # a saved index folder
+    corpus: str | None = None  # JSONL or folder; null with no index = the demo corpus
+    index: str | None = None  # a saved index folder, or a retrieval server's /retrieve URL
     mode: str = "hybrid"  # bm25 | dense | hybrid
     top_k: int = 3  # hits handed to the context manager per retrieval
-    embedding_model: str = "all-MiniLM-L6-v2"
-    chunk_size: int | None = None  # None = the embedding model's max_seq_length
-    overlap: int = 64
-    bm25_backend: str = "bm25s"  # bm25s | rank_bm25
-    bm25_method: str = "lucene"
-    k1: float = 1.5
-    b: float = 0.75
+    embedding_model: str = "all-MiniLM-L6-v2"  # sentence-transformers model of the dense index
+    chunk_size: int | None = None  # tokens per chunk; null = the embedding model's max_seq_length
+    overlap: int = 64  # tokens shared by neighbouring chunks
+    bm25_backend: str = "bm25s"  # bm25s (sparse matrix) | rank_bm25 (reference implementation)
+    bm25_method: str = "lucene"  # lucene | robertson (the idf variant)
+    k1: float = 1.5  # BM25 term-frequency saturation
+    b: float = 0.75  # BM25 document-length normalisation
     dense_index: str = "flat"  # flat (exact) | hnsw | ivf
-    rrf_k: int = 60
-    bm25_top_k: int = 20
-    dense_top_k: int = 20
-    bm25_weight: float = 1.0
-    dense_weight: float = 1.0
+    rrf_k: int = 60  # hybrid: Reciprocal Rank Fusion constant, 1 / (rrf_k + rank)
+    bm25_top_k: int = 20  # hybrid: BM25 hits that enter the fusion
+    dense_top_k: int = 20  # hybrid: dense hits that enter the fusion
+    bm25_weight: float = 1.0  # hybrid: weight of BM25's reciprocal ranks
+    dense_weight: float = 1.0  # hybrid: weight of the dense reciprocal ranks
 
 
 @dataclass(frozen=True)
 class DeciderConfig:
-    name: str = "prob"  # see rigkit.deciders.DECIDERS
-    threshold: float | None = None  # None = the decider's own default
-    params: dict[str, Any] = field(default_factory=dict)  # decider-specific options
-    members: tuple[DeciderConfig, ...] = ()  # for composite
+    name: str = "prob"  # prob | entropy | keyword | marker | classifier | composite | always | never ...
+    threshold: float | None = None  # null = the decider's own default; set, it wins over params.threshold
+    params: dict[str, Any] = field(default_factory=dict)  # decider-specific constructor options
+    members: tuple[DeciderConfig, ...] = ()  # composite: the member deciders, each a decider section
     combine: str = "any"  # composite: any | all | vote
     weights: tuple[float, ...] = ()  # composite vote weights
     trigger_model: str | None = None  # classifier decider: path of the trained model file
     entity_checklist: bool = False  # keep retrieving while a question entity is uncovered
-    skip_if_no_entity: bool = False
+    skip_if_no_entity: bool = False  # entity checklist: no retrieval when the question names no entity
 
 
 @dataclass(frozen=True)
@@ -104,14 +121,14 @@ class QueryConfig:
 @dataclass(frozen=True)
 class ContextConfig:
     layout: str = "append"  # append (KV-cache friendly) | prefix (FLARE/DRAGIN style)
-    max_retrieval_tokens: int = 4096
-    max_passage_tokens: int = 256
-    max_history_tokens: int = 2048
+    max_retrieval_tokens: int = 4096  # injected passages together; the least related are evicted
+    max_passage_tokens: int = 256  # each passage is cut to this
+    max_history_tokens: int = 2048  # earlier turns of a conversation kept in context
     language: str = "auto"  # auto | en | zh (injection template language)
     citations: bool = True  # render [[citation:ID]] in the answer
     marker_tag: str = "retrieve"  # shorthand: a custom <tag> for the openrig protocol
     marker_protocol: str = "openrig"  # openrig | search-r1 | r1-searcher | self-rag | a .yaml/.json file
-    system_prompt: str | None = None  # None = the built-in prompt for the decider
+    system_prompt: str | None = None  # null = the built-in prompt for the decider
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,10 @@ class RunConfig:
         return RunConfig.from_dict(merged)
 
 
+# section name -> its dataclass, in the order a config file lists them
+_SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}
+
+
 def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> RunConfig:
     """Defaults, then the YAML file at `path` (if any), then keyword overrides per section."""
     config = RunConfig()
@@ -178,6 +199,57 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
             raise ConfigError(f"{path}: cannot read the config file ({err})") from None
         config = RunConfig.from_yaml(text, str(path))
     return config.override(**overrides) if overrides else config
+
+
+def apply_settings(config: RunConfig, settings: Sequence[str]) -> RunConfig:
+    """`config` with each `section.key=value` applied in order (the command line's `--set`).
+
+    The value is read as YAML (`5`, `0.3`, `true`, `null`, `[a, b]`, `{name: prob}`); a key that
+    names a string keeps the text as typed. A longer key walks into a mapping field:
+    `decider.params.threshold=0.3`. The result is checked by the code that checks a config file.
+    """
+    for setting in settings:
+        keys, value = _parse_setting(setting)
+        data = config.to_dict()
+        _put(data, keys, value, setting)
+        try:
+            config = RunConfig.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"--set {setting}: {str(err).removeprefix('config.')}") from None
+    return config
+
+
+def _parse_setting(setting: str) -> tuple[list[str], Any]:
+    key, equals, text = setting.partition("=")
+    keys = key.strip().split(".")
+    if not equals or len(keys) < 2 or not all(keys):
+        raise ConfigError(f"--set {setting}: expected section.key=value, e.g. retrieval.top_k=5")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise ConfigError(f"--set {setting}: the value is not valid YAML ({problem})") from None
+    section = _SECTIONS.get(keys[0])
+    hints = typing.get_type_hints(section) if section is not None and len(keys) == 2 else {}
+    if hints.get(keys[1]) in (str, str | None) and value is not None and not isinstance(value, str):
+        value = text.strip()  # `--set context.system_prompt=Answer: briefly` is text, not a mapping
+    return keys, value
+
+
+def _put(data: dict[str, Any], keys: list[str], value: Any, setting: str) -> None:
+    """Set data[k0][k1]...[kn] = value, naming the known keys when one is not there."""
+    section, key, *deeper = keys
+    if section not in data:
+        raise ConfigError(f"--set {setting}: unknown section {section!r}; known: {', '.join(data)}")
+    place = data[section]
+    if key not in place:
+        raise ConfigError(f"--set {setting}: unknown key {key!r} in {section}; known: {', '.join(place)}")
+    path = f"{section}.{key}"
+    for name in deeper:
+        if not isinstance(place[key], dict):
+            raise ConfigError(f"--set {setting}: {path} is not a mapping, so it has no key {name!r}")
+        place, key, path = place[key], name, f"{path}.{name}"
+    place[key] = value
 
 
 def _to_plain(value: Any) -> Any:
@@ -243,3 +315,72 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
 
 def _shown(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
+
+
+# -- the reference page: docs/config.md is this function's output ---------------------------------
+
+_REFERENCE_INTRO = """\
+# Configuration reference
+
+<!-- Generated from rigkit/config.py by `python -m rigkit.config > docs/config.md`: edit the field
+comments there, not this page. -->
+
+One YAML file describes a whole run: six sections, each a frozen dataclass in `rigkit/config.py`.
+Every command that loads a model or an index reads it with `--config FILE` and takes any key on the
+command line with `--set section.key=value` (repeatable; the value is read as YAML, so
+`--set retrieval.top_k=5`, `--set controller.policy=continue`, `--set decider.weights=[2,1]`; a
+longer key walks into a mapping: `--set decider.params.NAME=VALUE`).
+Precedence: these defaults < the `--config` file < `--set` < the command's own flags (`--model`,
+`--decider`, `--index` ...). An unknown section or key, or a value of the wrong type, is an error
+that names what is allowed. `rigkit config --config FILE --set ...` prints the merged run config.
+
+In Python: `load_config("configs/cpu.yaml", retrieval={"top_k": 5})`, or
+`apply_settings(config, ["retrieval.top_k=5"])`, or the dataclasses themselves.
+"""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's trailing `# comment` in this file: the one text docs/config.md shows for it."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    body = ast.parse(source).body[0].body
+    return {node.target.id: comments.get(node.end_lineno, "")
+            for node in body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
+def config_reference() -> str:
+    """docs/config.md: every key of every section with its type, default and one line."""
+    lines = [_REFERENCE_INTRO]
+    for section, cls in _SECTIONS.items():
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
+        defaults = _to_plain(cls())
+        lines += [f"## {section}", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for f in dataclasses.fields(cls):
+            doc = docs[f.name].replace("|", "\\|")
+            lines.append(f"| `{section}.{f.name}` | {_type_text(hints[f.name])} | "
+                         f"{_default_text(defaults[f.name])} | {doc} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _type_text(hint: Any) -> str:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return f"{_type_text(args[0])} or null"
+    if typing.get_origin(hint) is tuple:
+        return f"list of {_type_text(args[0])}s"
+    if dataclasses.is_dataclass(hint):
+        return "decider section"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(
+        hint, "mapping" if typing.get_origin(hint) is dict else str(hint))
+
+
+def _default_text(value: Any) -> str:
+    shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return f"`{shown}`"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(config_reference())

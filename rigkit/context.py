@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rigkit.config import ContextConfig
+from rigkit.config import DEFAULT_CONTEXT_LIMIT, ContextConfig
 from rigkit.errors import InputError
 from rigkit.markers import (
     MarkerProtocol,
@@ -85,7 +85,7 @@ class ContextManager:
         config: ContextConfig,
         count_tokens: Callable[[str], int],
         render_chat: Callable[[list[dict[str, str]], bool], str],
-        context_limit: int = 8192,
+        context_limit: int = DEFAULT_CONTEXT_LIMIT,
         use_markers: bool = False,
         protocol: MarkerProtocol | None = None,
     ):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rigkit.citations import cite, written_with
 from rigkit.config import ControllerConfig, GeneratorConfig
@@ -23,8 +23,8 @@ from rigkit.generation.protocol import Generator, SupportsReset
 from rigkit.markers import clean_answer
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
-from rigkit.text import strip_citations
-from rigkit.trace import Hit, Injection, RIGResult, RoundTrace, Segment
+from rigkit.text import check_question, strip_citations
+from rigkit.trace import Action, Hit, Injection, RIGResult, RoundTrace, Segment
 from rigkit.transcript import StopRule
 
 __all__ = ["RIGController", "RoundCallback"]
@@ -32,18 +32,22 @@ __all__ = ["RIGController", "RoundCallback"]
 STAGES = ("generate", "decide", "query", "retrieve", "inject")
 
 
-class RoundCallback(Protocol):
-    """Observers (notebook widgets, loggers) implement any of these methods.
+class RoundCallback:
+    """Observers (notebook widgets, loggers, token streams) override the events they need.
 
     `on_token` receives each token's text as the model writes it, tentatively: a segment may
     still be regenerated or trimmed; `rigkit.streaming.TokenStream` turns it into answer text.
+    An object that does not subclass this and has only some of the methods works too.
     """
 
-    def on_round_start(self, index: int, state: DecisionState) -> None: ...
+    def on_round_start(self, index: int, state: DecisionState) -> None:
+        """Before a round's segment is written; `state` is what the decider will see."""
 
-    def on_token(self, text: str) -> None: ...
+    def on_token(self, text: str) -> None:
+        """One token's text, as it is written."""
 
-    def on_round_end(self, round_trace: RoundTrace) -> None: ...
+    def on_round_end(self, round_trace: RoundTrace) -> None:
+        """After a round, with its full record."""
 
 
 @dataclass
@@ -51,6 +55,7 @@ class _Run:
     """Mutable bookkeeping of one question."""
 
     question: str
+    observers: _Observers
     rounds: list[RoundTrace] = field(default_factory=list)
     retrievals: int = 0
     tokens_since_retrieval: int = 0
@@ -74,14 +79,16 @@ class RIGController:
         config: ControllerConfig | None = None,
         generation: GeneratorConfig | None = None,
         top_k: int = 3,
-        callbacks: Sequence[Any] = (),
+        callbacks: Sequence[RoundCallback | Any] = (),
         citations: bool = True,
+        run_config: dict[str, Any] | None = None,
     ):
         self.generator, self.retriever, self.decider = generator, retriever, decider
         self.query_builder, self.context = query_builder, context
         self.config = config or ControllerConfig()
         self.generation = generation or GeneratorConfig()
         self.top_k, self.callbacks, self.citations = top_k, list(callbacks), citations
+        self.run_config = dict(run_config or {})  # the whole run's config, recorded in each result
         # what happens to a segment that fired: the decider declares it, a run may override it
         if self.config.policy not in ("auto", *POLICIES):
             raise InputError(f"controller.policy must be auto, {' or '.join(POLICIES)}; got {self.config.policy!r}")
@@ -91,7 +98,6 @@ class RIGController:
             protocol = context.marker_protocol
             self.stop = StopRule(sentence=True, marker_close=protocol.stop_string, keep=protocol.tags)
         self.last_result: RIGResult | None = None
-        self.run_config: dict[str, Any] = {}
 
     def run(self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = ()) -> RIGResult:
         """Answer `question`; `passages` are put before it (plain RAG), `history` are earlier turns."""
@@ -100,6 +106,7 @@ class RIGController:
         assert self.last_result is not None
         return self.last_result
 
+    # -- the loop ------------------------------------------------------------------------------
     def stream(
         self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = ()
     ) -> Iterator[RoundTrace]:
@@ -108,48 +115,24 @@ class RIGController:
         if isinstance(self.generator, SupportsReset):
             self.generator.reset(self.generation.seed)
         self.context.start(question, passages, history)
-        run = _Run(question, retrievals=1 if passages else 0)
+        run = _Run(question, _Observers(self.callbacks), retrievals=1 if passages else 0)
         self.last_result = None
         while run.generated < self.generation.max_answer_tokens:
             trace = self._round(run)
             run.rounds.append(trace)
-            for callback in self.callbacks:
-                if hasattr(callback, "on_round_end"):
-                    callback.on_round_end(trace)
+            run.observers.on_round_end(trace)
             yield trace
-            if run.done:
+            if not _goes_on(run, trace):
                 break
-            if trace.action in ("regenerate", "restore"):
-                continue
-            if trace.action == "continue" and trace.injection is not None and trace.injection.added:
-                continue  # passages follow this segment: the model reads them, even after its end of turn
-            if trace.segment.finished or not trace.segment.token_ids:
-                break  # end of turn, or the model produced nothing more
         self.last_result = self._result(run)
 
-    # -- one round -----------------------------------------------------------------------------
     def _round(self, run: _Run) -> RoundTrace:
+        """One segment, the decider's verdict on it, and what the loop then does with it."""
+        state = self._decision_state(run)
+        run.observers.on_round_start(len(run.rounds), state)
         timings = dict.fromkeys(STAGES, 0.0)
-        state = DecisionState(
-            question=run.question,
-            draft=self.context.draft,
-            passages=self.context.passages,
-            round_index=len(run.rounds),
-            retrievals_done=run.retrievals,
-            generator=self.generator,
-            segments=_accepted_segments(run.rounds),
-        )
-        last = next((r for r in reversed(run.rounds) if r.query is not None), None)
-        if last is not None:
-            state.last_query, state.last_hits = last.query, list(last.hits)
-        for callback in self.callbacks:
-            if hasattr(callback, "on_round_start"):
-                callback.on_round_start(len(run.rounds), state)
         with _timer(timings, "generate"):
-            budget = min(self.generation.max_segment_tokens, self.generation.max_answer_tokens - run.generated)
-            evicted = self.context.fit(budget)  # the model's context limit holds; refuses if it cannot
-            segment = self.generator.next_segment(self.context.pieces(), self.stop, budget, **self._token_kwargs())
-        segment.context_ids = [h.chunk_id for h in self.context.passages]  # all it may cite
+            segment, evicted = self._generate(run)
         run.generated += len(segment.token_ids)
         run.tokens_since_retrieval += len(segment.token_ids)
         state.tokens_since_retrieval = run.tokens_since_retrieval
@@ -159,33 +142,19 @@ class RIGController:
         trace = RoundTrace(index=len(run.rounds), segment=segment, decision=decision, timings=timings,
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused)
         if run.pending is not None and segment.finished and not segment.text.strip():
-            # Small models sometimes end the turn right after the passages; rather than lose the
-            # sentence, keep the flagged one and let the model go on from it.
-            self.context.accept(run.pending)
-            run.generated += len(run.pending.token_ids)
-            run.done = run.pending.finished
-            trace.action = "restore"
+            self._restore(run, trace)
         elif not decision.retrieve:
             self.context.accept(segment)
-        elif (run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished
-              or self.policy == "continue" and run.generated >= self.generation.max_answer_tokens):
-            # no retrieval rounds left, or no answer tokens left to read passages with: finish
-            # from what is in context
-            run.low_confidence = run.retrievals >= self.config.max_rounds
-            trace.action = "skip"
-            self.context.accept(segment)
+        elif self._cannot_retrieve(run, segment):
+            self._skip(run, trace)
         else:
             self._retrieve(run, trace, state)
-        run.pending = segment if trace.action == "regenerate" else None
-        if evicted:  # passages evicted before this segment to fit the model's context
-            trace.injection = trace.injection or Injection()
-            trace.injection.evicted = evicted + trace.injection.evicted
-        trace.budget = self.context.budget()
-        trace.draft = self._clean(self.context.draft)
-        trace.retrieval_round = run.retrievals
+        run.pending = segment if trace.action is Action.REGENERATE else None
+        self._record_context(run, trace, evicted)
         return trace
 
     def _retrieve(self, run: _Run, trace: RoundTrace, state: DecisionState) -> None:
+        """Search for what the segment lacks, inject the hits; keep it or write it again."""
         segment, timings = trace.segment, trace.timings
         try:
             with _timer(timings, "query"):
@@ -208,9 +177,67 @@ class RIGController:
         if regenerate and not trace.injection.added:
             self.context.accept(segment)  # nothing new to read: regenerating would repeat it
             regenerate = False
-        trace.action = "regenerate" if regenerate else "continue"
+        trace.action = Action.REGENERATE if regenerate else Action.CONTINUE
         if regenerate:
             run.generated -= len(segment.token_ids)
+
+    # -- the steps around it -------------------------------------------------------------------
+    def _generate(self, run: _Run) -> tuple[Segment, list[str]]:
+        """The next segment, and the passages evicted first to fit it in the model's context."""
+        budget = min(self.generation.max_segment_tokens, self.generation.max_answer_tokens - run.generated)
+        evicted = self.context.fit(budget)  # the model's context limit holds; refuses if it cannot
+        segment = self.generator.next_segment(self.context.pieces(), self.stop, budget,
+                                              on_token=run.observers.token_sink)
+        segment.context_ids = [h.chunk_id for h in self.context.passages]  # all it may cite
+        return segment, evicted
+
+    def _decision_state(self, run: _Run) -> DecisionState:
+        """What the decider (and `on_round_start`) sees before this round's segment."""
+        state = DecisionState(
+            question=run.question,
+            draft=self.context.draft,
+            passages=self.context.passages,
+            round_index=len(run.rounds),
+            retrievals_done=run.retrievals,
+            generator=self.generator,
+            segments=_accepted_segments(run.rounds),
+        )
+        last = next((r for r in reversed(run.rounds) if r.query is not None), None)
+        if last is not None:
+            state.last_query, state.last_hits = last.query, list(last.hits)
+        return state
+
+    def _restore(self, run: _Run, trace: RoundTrace) -> None:
+        """The rewrite after the passages came back empty at end of turn: keep the set-aside one.
+
+        Small models sometimes end the turn right after the passages; rather than lose the
+        sentence, keep the flagged one and let the model go on from it.
+        """
+        assert run.pending is not None
+        self.context.accept(run.pending)
+        run.generated += len(run.pending.token_ids)
+        run.done = run.pending.finished
+        trace.action = Action.RESTORE
+
+    def _cannot_retrieve(self, run: _Run, segment: Segment) -> bool:
+        """No retrieval rounds left, or no answer tokens left to read passages with."""
+        return (run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished
+                or self.policy == "continue" and run.generated >= self.generation.max_answer_tokens)
+
+    def _skip(self, run: _Run, trace: RoundTrace) -> None:
+        """The decider fired but retrieval cannot help now: keep the segment, finish from context."""
+        run.low_confidence = run.retrievals >= self.config.max_rounds
+        trace.action = Action.SKIP
+        self.context.accept(trace.segment)
+
+    def _record_context(self, run: _Run, trace: RoundTrace, evicted: list[str]) -> None:
+        """The round's evictions, token budget, answer so far and retrieval count."""
+        if evicted:  # passages evicted before this segment to fit the model's context
+            trace.injection = trace.injection or Injection()
+            trace.injection.evicted = evicted + trace.injection.evicted
+        trace.budget = self.context.budget()
+        trace.draft = self._clean(self.context.draft)
+        trace.retrieval_round = run.retrievals
 
     # -- the result ----------------------------------------------------------------------------
     def _result(self, run: _Run) -> RIGResult:
@@ -237,8 +264,7 @@ class RIGController:
             passages=self.context.passages,
             attributions=attributions,
             config=self.run_config,
-            model={"spec": getattr(self.generator, "spec", type(self.generator).__name__),
-                   "source": getattr(self.generator, "source", "")},
+            model={"spec": self.generator.spec or type(self.generator).__name__, "source": self.generator.source},
             policy=self.policy,
             errors=[f"round {r.index}: {r.error}" for r in run.rounds if r.error],
             upfront=self.context.upfront if self.context.upfront.added or self.context.upfront.dropped_budget else None,
@@ -248,21 +274,8 @@ class RIGController:
         """The answer text: no markers, no citation tags the model wrote, single spaces."""
         return re.sub(r"[ \t]+", " ", strip_citations(clean_answer(text, self.context.protocol))).strip()
 
-    def _token_kwargs(self) -> dict[str, Any]:
-        """`on_token` for the generator when some callback listens (and the generator takes it)."""
-        listeners = [c.on_token for c in self.callbacks if hasattr(c, "on_token")]
-        if not listeners or not _takes_on_token(self.generator):
-            return {}
-
-        def on_token(text: str) -> None:
-            for listener in listeners:
-                listener(text)
-
-        return {"on_token": on_token}
-
     def _check_question(self, question: str) -> None:
-        if not isinstance(question, str) or not question.strip():
-            raise InputError("the question is empty")
+        check_question(question)
         limit = self.context.context_limit - self.generation.max_answer_tokens
         size = self.generator.count_tokens(question)
         if size > limit:
@@ -272,26 +285,61 @@ class RIGController:
             )
 
 
+def _goes_on(run: _Run, trace: RoundTrace) -> bool:
+    """Whether another round follows `trace`."""
+    if run.done:
+        return False
+    if trace.action in (Action.REGENERATE, Action.RESTORE):
+        return True
+    if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
+        return True  # passages follow this segment: the model reads them, even after its end of turn
+    return not (trace.segment.finished or not trace.segment.token_ids)  # end of turn, or nothing more
+
+
 def _accepted_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
     """The segments the answer kept so far, in order (a restore keeps the regenerated one)."""
     kept: list[Segment] = []
     for i, r in enumerate(rounds):
-        if r.action in ("accept", "continue", "skip"):
+        if r.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
             kept.append(r.segment)
-        elif r.action == "restore" and i > 0:
+        elif r.action is Action.RESTORE and i > 0:
             kept.append(rounds[i - 1].segment)
     return kept
 
 
-def _takes_on_token(generator: Any) -> bool:
-    """Generators written before token streaming have no `on_token`: they still work."""
-    import inspect
+class _Observers(RoundCallback):
+    """A run's callbacks as one: each event goes to every callback that has a method for it.
 
-    try:
-        params = inspect.signature(generator.next_segment).parameters
-    except (TypeError, ValueError):
-        return False
-    return "on_token" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    Gathered when a run starts, so callbacks appended to `controller.callbacks` since are seen,
+    and an object with only some of the methods (not a `RoundCallback`) is still welcome.
+    """
+
+    def __init__(self, callbacks: Sequence[Any]):
+        self.starts = _handlers(callbacks, "on_round_start")
+        self.tokens = _handlers(callbacks, "on_token")
+        self.ends = _handlers(callbacks, "on_round_end")
+
+    def on_round_start(self, index: int, state: DecisionState) -> None:
+        for handler in self.starts:
+            handler(index, state)
+
+    def on_token(self, text: str) -> None:
+        for handler in self.tokens:
+            handler(text)
+
+    def on_round_end(self, round_trace: RoundTrace) -> None:
+        for handler in self.ends:
+            handler(round_trace)
+
+    @property
+    def token_sink(self) -> Callable[[str], None] | None:
+        """The generator's `on_token`: None when nobody listens, so no streamer runs."""
+        return self.on_token if self.tokens else None
+
+
+def _handlers(callbacks: Sequence[Any], event: str) -> list[Callable[..., None]]:
+    """Each callback's `event` method; a plain object without one is left out of that event."""
+    return [getattr(c, event) for c in callbacks if hasattr(c, event)]
 
 
 class _timer:
@@ -305,4 +353,3 @@ class _timer:
 
     def __exit__(self, *exc: object) -> None:
         self.timings[self.stage] += time.perf_counter() - self.start
-

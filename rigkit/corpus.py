@@ -16,7 +16,6 @@ error naming the file and line, so nothing downstream has to encode ids.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import unicodedata
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rigkit.config import RetrievalConfig
 from rigkit.errors import CorpusError, InputError
 from rigkit.files import iter_jsonl, write_jsonl_atomic
 
@@ -207,7 +207,7 @@ def chunk_documents(
     docs: Sequence[Document],
     tokenizer: Any,
     chunk_size: int,
-    overlap: int = 64,
+    overlap: int = RetrievalConfig.overlap,
     split: bool = True,
     progress: bool = False,
 ) -> list[Chunk]:
@@ -299,5 +299,4 @@ def write_chunks(path: str | Path, chunks: Iterable[Chunk]) -> None:
 
 
 def read_chunks(path: str | Path) -> list[Chunk]:
-    with open(path, encoding="utf-8") as f:
-        return [Chunk.from_dict(json.loads(line)) for line in f if line.strip()]
+    return [Chunk.from_dict(row) for _, row in iter_jsonl(path)]

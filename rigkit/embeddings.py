@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from rigkit.config import RetrievalConfig
 from rigkit.errors import ModelNotFoundError
 
 __all__ = [
@@ -70,7 +71,7 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def load_embedder(name: str = "all-MiniLM-L6-v2", device: str | None = None):
+def load_embedder(name: str = RetrievalConfig.embedding_model, device: str | None = None):
     """A `SentenceTransformer`, loaded once per (model, device) in this process."""
     key = (canonical_model_name(name), device)
     with _LOCK:
@@ -89,7 +90,7 @@ def load_embedder(name: str = "all-MiniLM-L6-v2", device: str | None = None):
         return _CACHE[key]
 
 
-def load_tokenizer(name: str = "all-MiniLM-L6-v2"):
+def load_tokenizer(name: str = RetrievalConfig.embedding_model):
     """The embedding model's tokenizer alone (chunking needs no weights); reuses a loaded model."""
     key = (canonical_model_name(name), None)
     if key in _CACHE:
@@ -104,7 +105,7 @@ def load_tokenizer(name: str = "all-MiniLM-L6-v2"):
     return _TOKENIZERS[key[0]]
 
 
-def max_seq_length(name: str = "all-MiniLM-L6-v2") -> int:
+def max_seq_length(name: str = RetrievalConfig.embedding_model) -> int:
     """The model's input limit in tokens (MiniLM: 256); beyond it the model truncates silently."""
     config = Path(resolve_model_path(name)) / "sentence_bert_config.json"
     if config.exists():

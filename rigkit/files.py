@@ -50,21 +50,31 @@ def fsync_dir(folder: str | Path) -> None:
         os.close(fd)
 
 
-def iter_jsonl(path: str | Path, error: type[RigkitError] = CorpusError) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line; a bad line raises `error` naming file and line."""
+def iter_jsonl(
+    path: str | Path, error: type[RigkitError] = CorpusError, skip_bad: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line; a bad line raises `error` naming file and line.
+
+    `skip_bad` skips lines that are not a JSON object instead (and reads undecodable bytes as
+    U+FFFD): for files appended to while a process may be killed, whose last line can be torn."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8", errors="replace" if skip_bad else "strict")
     except UnicodeDecodeError as err:
         raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-    for lineno, line in enumerate(lines, start=1):
+    # split at "\n" only: `str.splitlines` also splits at U+2028 or U+0085 inside a JSON string
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
+            if skip_bad:
+                continue
             raise error(f"{path}, line {lineno}: not valid JSON ({err.msg})") from err
         if not isinstance(obj, dict):
+            if skip_bad:
+                continue
             raise error(f"{path}, line {lineno}: expected a JSON object")
         yield lineno, obj
 

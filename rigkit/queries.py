@@ -53,6 +53,7 @@ __all__ = [
     "QUERY_BUILDERS",
     "QueryBuilderFactory",
     "build_query_builder",
+    "check_query_mode",
     "clean_rewrite",
     "truncate_query",
 ]
@@ -89,7 +90,7 @@ class MaskedQuery:
 
     mode = "masked"
 
-    def __init__(self, include_question: bool = True):
+    def __init__(self, include_question: bool = QueryConfig.include_question):
         self.include_question = include_question
 
     def build(
@@ -130,7 +131,7 @@ _EXPLANATION = re.compile(
 _QUOTES = "\"“”«»「」『』`*"
 
 
-def clean_rewrite(text: str, max_words: int = 30) -> str:
+def clean_rewrite(text: str, max_words: int = QueryConfig.max_words) -> str:
     """The search query in a chatty model reply: first useful line, no preamble, quotes,
     markdown or trailing explanation, at most `max_words` words / CJK characters."""
     text = _THINK.sub("", text)
@@ -155,7 +156,7 @@ def clean_rewrite(text: str, max_words: int = 30) -> str:
     return truncate_query(query, max_words)
 
 
-def truncate_query(text: str, max_words: int = 30) -> str:
+def truncate_query(text: str, max_words: int = QueryConfig.max_words) -> str:
     """`text` cut after `max_words` units, a unit being a word or one CJK character."""
     if count_query_units(text) <= max_words:
         return text
@@ -168,7 +169,7 @@ class RewriteQuery:
 
     mode = "rewrite"
 
-    def __init__(self, generator: object, max_words: int = 30, max_new_tokens: int = 48):
+    def __init__(self, generator: object, max_words: int = QueryConfig.max_words, max_new_tokens: int = 48):
         if not isinstance(generator, Generator):
             raise InputError("query mode 'rewrite' needs a generator (it asks the model for the query)")
         self.generator = generator
@@ -231,7 +232,8 @@ class KeywordsQuery:
 
     mode = "keywords"
 
-    def __init__(self, include_question: bool = True, max_words: int = 30):
+    def __init__(self, include_question: bool = QueryConfig.include_question,
+                 max_words: int = QueryConfig.max_words):
         self.include_question = include_question
         self.max_words = max_words
 
@@ -263,7 +265,7 @@ class AttentionQuery:
 
     mode = "attention"
 
-    def __init__(self, include_question: bool = True, fallback: QueryBuilder | None = None):
+    def __init__(self, include_question: bool = QueryConfig.include_question, fallback: QueryBuilder | None = None):
         self.include_question = include_question
         self.fallback = fallback or MaskedQuery(include_question)
 
@@ -305,6 +307,11 @@ def build_query_builder(config: QueryConfig, generator: Generator | None = None)
 
     Register your own: `QUERY_BUILDERS["mine"] = lambda config, generator: MyBuilder()`.
     """
-    if config.mode not in QUERY_BUILDERS:
-        raise InputError(f"unknown query mode {config.mode!r}; known: {', '.join(QUERY_BUILDERS)}")
-    return QUERY_BUILDERS[config.mode](config, generator)
+    return QUERY_BUILDERS[check_query_mode(config.mode)](config, generator)
+
+
+def check_query_mode(mode: str) -> str:
+    """`mode` if `QUERY_BUILDERS` holds it; else an InputError naming the known modes."""
+    if mode not in QUERY_BUILDERS:
+        raise InputError(f"unknown query mode {mode!r}; known: {', '.join(QUERY_BUILDERS)}")
+    return mode

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rigkit.controller import RoundCallback
 from rigkit.generation.stops import find_stop
 from rigkit.markers import MarkerProtocol, clean_answer, resolve_protocol
 from rigkit.trace import RoundTrace
@@ -59,7 +60,7 @@ def _protocol(marker_tag: str | MarkerProtocol) -> MarkerProtocol:
     return resolve_protocol(None, marker_tag) if isinstance(marker_tag, str) else marker_tag
 
 
-class TokenStream:
+class TokenStream(RoundCallback):
     """A controller callback (`on_round_start`, `on_token`, `on_round_end`) emitting `StreamEvent`s.
 
     `should_stop()` is checked before every round and every token; when it returns True the run

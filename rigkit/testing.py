@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
+from rigkit.config import DEFAULT_CONTEXT_LIMIT
 from rigkit.deciders.baselines import AlwaysRetrieve as AlwaysDecider
 from rigkit.deciders.baselines import NeverRetrieve as NeverDecider
 from rigkit.trace import Hit, Segment
@@ -45,6 +46,10 @@ class ScriptedGenerator:
     Each item is a `Segment` or a plain string. `generate` answers helper calls from `replies`.
     Every call's prompt is recorded in `prompts` so tests can check what the model would see.
     """
+
+    spec = ""  # no model behind it: results name the class instead
+    source = "scripted segments (rigkit.testing)"
+    context_limit = DEFAULT_CONTEXT_LIMIT
 
     def __init__(self, segments: Iterable[Segment | str], replies: Iterable[str] = ()):
         self.segments = [s if isinstance(s, Segment) else make_segment(s) for s in segments]

@@ -24,10 +24,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from rigkit.errors import InputError
+
 if TYPE_CHECKING:
     from rigkit.trace import Hit
 
 __all__ = [
+    "check_question",
     "HAN",
     "CJK",
     "has_cjk",
@@ -59,6 +62,26 @@ __all__ = [
     "mentions",
     "passage_mentions",
 ]
+
+
+
+# whitespace and invisible format characters (soft hyphen, zero-width space and joiners, bidi marks, BOM)
+_INVISIBLE = re.compile(r"[\s\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u206a-\u206f\ufeff]+")
+
+
+def check_question(text: object, what: str = "the question") -> str:
+    """`text` if it can be asked; else an InputError (also a ValueError) saying why: empty or not a
+    string (or only invisible characters), or not encodable as UTF-8 (a command line decoded with
+    surrogateescape)."""
+    if not isinstance(text, str) or not _INVISIBLE.sub("", text):
+        raise InputError(f"{what} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what} is not valid UTF-8 text; check the encoding of the shell or "
+                         "client that sent it") from None
+    return text
+
 
 # -- scripts ------------------------------------------------------------------------------------
 HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs (extension A, unified, compatibility)

@@ -14,10 +14,12 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 __all__ = [
     "TRACE_VERSION",
+    "Action",
     "Segment",
     "Span",
     "Decision",
@@ -32,6 +34,23 @@ __all__ = [
 
 # 2: segments record the passages they could see; results record per-sentence attributions.
 TRACE_VERSION = 2
+
+
+class Action(str, Enum):
+    """What the loop did with a round's segment.
+
+    String-valued, so a trace's JSON holds the plain word and older results load unchanged.
+    """
+
+    ACCEPT = "accept"  # kept: the decider did not fire
+    CONTINUE = "continue"  # kept, and the retrieved passages follow it
+    REGENERATE = "regenerate"  # set aside and written again after the passages (FLARE-style)
+    SKIP = "skip"  # the decider fired but no retrieval round or answer token was left: kept
+    RESTORE = "restore"  # the rewrite came back empty at end of turn: the set-aside segment is kept
+
+    # print and format as the word itself ("accept"), as a plain string would
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 @dataclass
@@ -175,7 +194,7 @@ class RoundTrace:
     query: Query | None = None
     hits: list[Hit] = field(default_factory=list)
     injection: Injection | None = None
-    action: str = "accept"  # "accept", "continue" (kept, then injected), "regenerate", "skip"
+    action: Action = Action.ACCEPT
     error: str | None = None  # a retriever/query error recorded instead of crashing the run
     budget: TokenBudget = field(default_factory=TokenBudget)
     draft: str = ""  # the clean answer text after this round
@@ -255,4 +274,5 @@ def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
     data["hits"] = [Hit(**h) for h in data.get("hits", [])]
     data["injection"] = Injection(**data["injection"]) if data.get("injection") else None
     data["budget"] = TokenBudget(**data.get("budget", {}))
+    data["action"] = Action(data.get("action", Action.ACCEPT))
     return RoundTrace(**data)

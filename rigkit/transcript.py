@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Piece", "StopRule", "plain_spans", "tokenize_plain"]
+__all__ = ["Piece", "StopRule", "plain_spans", "tokenize_plain", "encode_transcript",
+           "kept_tag_ids", "decode_keeping"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,30 @@ def encode_transcript(prompt: Sequence[Piece], tokenizer, scaffold_tokens: Calla
         for text, plain in piece.parts():
             ids.extend(tokenize_plain(tokenizer, text) if plain else scaffold_tokens(text))
     return ids
+
+
+def kept_tag_ids(tokenizer, stop: StopRule) -> frozenset[int]:
+    """Special tokens that spell (part of) a marker protocol's tag: decoded text keeps them, so
+    the stop rule and the decider see the tag as a string whatever the tokenizer made of it."""
+    if not stop.keep:
+        return frozenset()
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return frozenset(
+        i for i, token in added.items()
+        if getattr(token, "special", True) and str(token) and any(str(token) in tag for tag in stop.keep)
+    )
+
+
+def decode_keeping(tokenizer, ids: list[int], keep: frozenset[int] = frozenset()) -> str:
+    """`ids` as text, special tokens skipped except those in `keep`, written as their string
+    (every backend decodes generated ids this way)."""
+    if not keep.intersection(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    out, run = [], []
+    for i in ids:
+        if i in keep:
+            out += [tokenizer.decode(run, skip_special_tokens=True), tokenizer.convert_ids_to_tokens(i)]
+            run = []
+        else:
+            run.append(i)
+    return "".join(out) + tokenizer.decode(run, skip_special_tokens=True)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from rigkit.build import build_decider
 from rigkit.config import DeciderConfig, RunConfig
 from rigkit.deciders import (
     DECIDERS,
@@ -14,7 +15,6 @@ from rigkit.deciders import (
     EntropyDecider,
     KeywordDecider,
     ProbabilityDecider,
-    build_decider,
     compare_deciders,
 )
 from rigkit.deciders.base import DecisionState

@@ -39,7 +39,7 @@ class ReplyGenerator(ScriptedGenerator):
         self.table = replies
         self.seeds: list[int | None] = []
 
-    def next_segment(self, prompt, stop, max_new_tokens):
+    def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
         self.prompts.append(list(prompt))
         text = " ".join(p.text for p in prompt)
         reply = next((a for q, a in self.table.items() if q in text), "I do not know.")

@@ -2,8 +2,9 @@
 
 A real process builds an index over an older one and is SIGKILLed at each write / fsync / rename
 step (`RIGKIT_FAULT_AT`, see rigkit.files.fault_point); the path must then hold the old index or
-the new one, loadable, and the next build cleans up. Damaged files give one-line
-`IndexCorruptError`s naming the file, through `Index.load` and through the CLI.
+the new one, loadable, and the next build cleans up (slow: a process start each). Damaged files
+give one-line `IndexCorruptError`s naming the file, through `Index.load` and through the CLI (run
+in this process by the `cli` fixture).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from rigkit.errors import IndexCorruptError, IndexMismatchError
 from rigkit.retrieval import Index, storage
+from tests.conftest import hang_limit
 from tests.conftest_retrieval import DATA, HashEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +33,6 @@ if sys.argv[3] == "no-exchange":
     storage._exchange = lambda a, b: False  # a system without renameat2: the two-rename path
 Index.build(sys.argv[1], sys.argv[2], chunk_size=int(sys.argv[4]), embedder=HashEmbedder())
 """
-RIGKIT = [sys.executable, "-c", "import sys; from rigkit.cli import main; sys.exit(main())"]
 EXCHANGE_STEPS = ["index:files-written", "index:fsync-file", "index:fsync-dir", "index:exchanged",
                   "index:fsync-parent"]
 FALLBACK_STEPS = ["index:fsync-dir", "index:old-aside", "index:renamed", "index:fsync-parent"]
@@ -41,16 +42,13 @@ def _build_killed_at(step: str, out: Path, exchange: bool) -> subprocess.Complet
     env = {**os.environ, "RIGKIT_FAULT_AT": step, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, "-c", BUILD, str(DEMO), str(out), "exchange" if exchange else "no-exchange", "128"],
-        cwd=ROOT, env=env, capture_output=True, timeout=120,
+        cwd=ROOT, env=env, capture_output=True, timeout=hang_limit(10),
     )
 
 
-@pytest.mark.parametrize(
-    "step, exchange",
-    # one step in the quick suite; every step (a process start each, ~5 s) in the slow one
-    [pytest.param(s, True, marks=() if s == "index:exchanged" else pytest.mark.slow) for s in EXCHANGE_STEPS]
-    + [pytest.param(s, False, marks=pytest.mark.slow) for s in FALLBACK_STEPS],
-)
+@pytest.mark.slow  # a SIGKILL needs a process of its own: ~5 s each to start
+@pytest.mark.parametrize("step, exchange", [(s, True) for s in EXCHANGE_STEPS]
+                         + [(s, False) for s in FALLBACK_STEPS])
 def test_a_kill_at_any_swap_step_leaves_an_index(tmp_path, step, exchange):
     out = tmp_path / "idx"
     Index.build(DEMO, out, chunk_size=256, embedder=HashEmbedder())  # the old index
@@ -108,20 +106,19 @@ def _garble_manifest(path: Path) -> None:
     (_reorder_chunks, "chunks.jsonl"), (_truncate_faiss, "dense.faiss"),
     (_delete_bm25_file, "bm25"), (_swap_files, "chunks.jsonl"), (_garble_manifest, "manifest.json"),
 ])
-def test_damaged_index_is_one_clear_error(built, damage, named):
+def test_damaged_index_is_one_clear_error(cli, built, damage, named):
     before = Index.load(built, embedder=HashEmbedder()).retriever("hybrid").search("licence", 3)
     assert before
     damage(built)
     with pytest.raises(IndexCorruptError, match=named) as err:
         _fresh_load(built)
     assert "rebuild with `rigkit index build" in str(err.value) and "\n" not in str(err.value)
-    cli = subprocess.run([*RIGKIT, "search", str(built), "licence"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 2 and "Traceback" not in cli.stderr
-    assert len(cli.stderr.strip().splitlines()) == 1 and named in cli.stderr
+    done = cli("search", str(built), "licence")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and named in done.stderr
 
 
-def test_verify_hashes_even_after_a_verified_load(built):
+def test_verify_hashes_even_after_a_verified_load(cli, built):
     Index.load(built)
     with open(built / "chunks.jsonl", "r+b") as f:  # same size, one byte changed
         data = bytearray(f.read())
@@ -130,16 +127,14 @@ def test_verify_hashes_even_after_a_verified_load(built):
         f.seek(0)
         f.write(bytes(data))
     Index.load(built)  # already verified in this process: sizes only, and they match
-    cli = subprocess.run([*RIGKIT, "index", "verify", str(built)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 2 and "chunks.jsonl" in cli.stderr and "checksum" in cli.stderr
+    done = cli("index", "verify", str(built))  # the same process: verify hashes all the same
+    assert done.returncode == 2 and "chunks.jsonl" in done.stderr and "checksum" in done.stderr
 
 
-def test_verify_passes_on_a_good_index(built):
-    cli = subprocess.run([*RIGKIT, "index", "verify", str(built)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 0, cli.stderr
-    assert "match the manifest" in cli.stdout
+def test_verify_passes_on_a_good_index(cli, built):
+    done = cli("index", "verify", str(built))
+    assert done.returncode == 0, done.stderr
+    assert "match the manifest" in done.stdout
 
 
 def test_explicit_index_with_other_bm25_tokens_is_refused(built):
@@ -161,12 +156,11 @@ def test_build_shows_chunking_and_embedding_progress(tmp_path, capsys):
     assert "chunk/s" not in capsys.readouterr().err
 
 
-def test_ask_and_eval_report_a_damaged_index_before_loading_a_model(built, tmp_path):
+def test_ask_and_eval_report_a_damaged_index_before_loading_a_model(cli, built, tmp_path):
     _truncate_faiss(built)
     qa = ROOT / "data" / "2wikimultihopqa" / "qa.jsonl"
     for args in (["ask", "What?", "--index", str(built)],
                  ["eval", "--qa", str(qa), "--index", str(built), "--out", str(tmp_path / "o")]):
-        done = subprocess.run([*RIGKIT, *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        done = cli(*args)
         assert done.returncode == 2 and "dense.faiss" in done.stderr and "Traceback" not in done.stderr
         assert "loading" not in done.stderr  # refused before the model

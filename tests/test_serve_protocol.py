@@ -28,6 +28,7 @@ from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment  # noq
 from rigkit.trace import Hit  # noqa: E402
 
 QUESTION = "How tall is the Eiffel Tower?"
+LOCAL = "http://127.0.0.1"  # a loopback server answers to this Host, not to TestClient's "testserver"
 HITS = [Hit("c1", "d1", "Eiffel Tower", "The Eiffel Tower is 330 metres tall and stands in Paris.", 1.0)]
 
 
@@ -45,6 +46,10 @@ class LoopingScript(ScriptedGenerator):
     def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
         self.calls += 1
         return super().next_segment(prompt, stop, max_new_tokens, on_token)
+
+
+def local_client(app) -> TestClient:
+    return TestClient(app, base_url=LOCAL)
 
 
 def script():
@@ -68,7 +73,7 @@ def service():
 
 @pytest.fixture
 def client(service):
-    with TestClient(create_app(service)) as c:
+    with local_client(create_app(service)) as c:
         yield c
 
 
@@ -217,7 +222,7 @@ def test_turns_caps_the_tool_rounds(client):
 
 def test_tool_results_shown_to_the_model_are_capped_with_a_visible_note():
     service = make_service(tool_result_tokens=12)
-    with TestClient(create_app(service, mcp=False)) as client:
+    with local_client(create_app(service, mcp=False)) as client:
         messages = [{"role": "user", "content": QUESTION}]
         first = client.post("/v1/chat/completions", json=tools_request(messages)).json()
         call = first["choices"][0]["message"]["tool_calls"][0]
@@ -290,14 +295,14 @@ def test_tool_messages_must_answer_the_calls(client):
 
 
 def test_body_over_the_limit_is_413():
-    with TestClient(create_app(make_service(), max_body_bytes=200, mcp=False)) as client:
+    with local_client(create_app(make_service(), max_body_bytes=200, mcp=False)) as client:
         r = client.post("/chat", json={"question": "x" * 500})
         assert r.status_code == 413 and "200 bytes" in r.json()["error"]["message"]
         assert client.post("/chat", json={"question": QUESTION}).status_code == 200
 
 
 def test_bearer_auth_guards_every_route():
-    with TestClient(create_app(make_service(), api_key="s3cret", mcp=False)) as client:
+    with local_client(create_app(make_service(), api_key="s3cret", mcp=False)) as client:
         assert client.get("/v1/models").status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
@@ -372,7 +377,7 @@ def two_marker_service():
 
 def sdk_client(client):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)
+    return openai.OpenAI(base_url=f"{LOCAL}/v1", api_key="unused", http_client=client, max_retries=0)
 
 
 SEARCH_TOOL = [{"type": "function", "function": {
@@ -381,7 +386,7 @@ SEARCH_TOOL = [{"type": "function", "function": {
 
 def test_two_needs_in_one_segment_are_two_tool_calls_in_one_message_and_both_results_are_read():
     service = two_marker_service()
-    with TestClient(create_app(service, mcp=False)) as client:
+    with local_client(create_app(service, mcp=False)) as client:
         sdk = sdk_client(client)
         messages = [{"role": "user", "content": QUESTION}]
         reply = sdk.chat.completions.create(model=service.model_name, messages=messages, tools=SEARCH_TOOL)
@@ -408,7 +413,7 @@ def test_two_needs_in_one_segment_are_two_tool_calls_in_one_message_and_both_res
 
 def test_several_tool_calls_stream_each_under_its_own_index():
     service = two_marker_service()
-    with TestClient(create_app(service, mcp=False)) as client:
+    with local_client(create_app(service, mcp=False)) as client:
         stream = sdk_client(client).chat.completions.create(
             model=service.model_name, messages=[{"role": "user", "content": QUESTION}], tools=SEARCH_TOOL,
             stream=True)

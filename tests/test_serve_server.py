@@ -213,6 +213,29 @@ def test_bad_input_on_the_real_server(server):
     assert httpx.post(f"{base}/rpc", content=b"{", headers=raw).json()["error"]["code"] == -32700
 
 
+def test_a_rebound_host_and_a_foreign_origin_are_refused_on_every_route(server):
+    """DNS rebinding (the page's own name now points here) and a page's cross-origin fetch."""
+    base = server[0]
+    port = base.rsplit(":", 1)[1]
+    calls = [("GET", "/v1/models", None), ("GET", "/openapi.json", None),
+             ("POST", "/retrieve", {"queries": ["Eiffel Tower"]}),
+             ("POST", "/chat", {"question": QUESTION, "options": {"max_tokens": 4, "decider": "never"}}),
+             ("POST", "/rpc", {"jsonrpc": "2.0", "id": 1, "method": "rig.models"}),
+             ("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})]
+    mcp = {"Accept": "application/json, text/event-stream"}
+    for method, path, body in calls:
+        extra = mcp if path == "/mcp" else {}
+        rebound = httpx.request(method, base + path, json=body, headers={"Host": f"evil.example:{port}", **extra})
+        assert rebound.status_code == 421, (path, rebound.text)
+        foreign = httpx.request(method, base + path, json=body, headers={"Origin": "http://evil.example", **extra})
+        assert foreign.status_code == 403, (path, foreign.text)
+        own = httpx.request(method, base + path, json=body, headers={"Origin": base, **extra}, timeout=300)
+        assert own.status_code == 200, (path, own.text)
+    form = httpx.post(f"{base}/rpc", content=b'{"jsonrpc": "2.0", "id": 1, "method": "rig.models"}',
+                      headers={"content-type": "text/plain"})
+    assert form.status_code == 415
+
+
 # -- (f) load, disconnects and shutdown -------------------------------------------------------------
 def test_load_every_request_is_answered_or_refused_with_retry_after(server):
     base = server[0]

@@ -41,9 +41,9 @@ def test_hf_generator_streams_the_tokens_it_returns():
     assert "".join(streamed).startswith(segment.text) and streamed
 
 
-def test_generators_without_on_token_still_work():
+def test_generators_that_do_not_stream_still_work():
     class OldGenerator(ScriptedGenerator):
-        def next_segment(self, prompt, stop, max_new_tokens):  # written before token streaming
+        def next_segment(self, prompt, stop, max_new_tokens, on_token=None):  # ignores on_token
             return super().next_segment(prompt, stop, max_new_tokens)
 
     events: list[StreamEvent] = []

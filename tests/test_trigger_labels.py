@@ -93,10 +93,10 @@ def test_build_labels_rejects_unknown_rule():
 
 
 class _Crashing(ScriptedGenerator):
-    def next_segment(self, prompt, stop, max_new_tokens):
+    def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
         if not self.segments:
             raise RuntimeError("killed")
-        return super().next_segment(prompt, stop, max_new_tokens)
+        return super().next_segment(prompt, stop, max_new_tokens, on_token)
 
 
 def test_checkpoint_then_resume_skips_done_questions(tmp_path):

@@ -211,8 +211,9 @@ def test_panes_are_pure_functions_of_the_saved_trace(result):
 
 def _declared(name, threshold):
     """A decision of the real decider `name`, which records its own cut on the score scale."""
+    from rigkit.build import build_decider
     from rigkit.config import DeciderConfig
-    from rigkit.deciders import DecisionState, build_decider
+    from rigkit.deciders import DecisionState
 
     key = "n" if name == "every_n" else "threshold"
     params = {"use_attention": False} if name == "entropy" else {}

@@ -10,10 +10,11 @@ import traceback
 
 from rigkit.errors import RigkitError
 
-__all__ = ["main", "check_text", "check_model_path", "check_out", "safe_terminal"]
+__all__ = ["main", "add_config_options", "run_config", "check_text", "check_model_path",
+           "check_out", "safe_terminal"]
 
 # Each module adds its sub-commands and sets `func(args) -> int` on its parsers.
-COMMAND_MODULES = ("ask", "index", "trigger", "evaluate", "markers", "serve")
+COMMAND_MODULES = ("ask", "index", "trigger", "evaluate", "markers", "serve", "config")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,12 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     # rigkit shows its own progress; transformers' per-load "Loading weights" bars would break
     # into the streamed answer on the terminal.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+    hf_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
     except RigkitError as err:
@@ -71,19 +69,35 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+# -- the run config: one pair of options for every command that loads a model or an index ---------
+
+def add_config_options(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """`--config FILE` and repeatable `--set section.key=value`; `run_config(args)` reads them."""
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"a YAML run config, e.g. configs/cpu.yaml{what} (docs/config.md)")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="set one config key, e.g. --set retrieval.top_k=5 or --set "
+                             "decider.params.threshold=0.3 (repeatable; over --config, under the "
+                             "command's own flags)")
+
+
+def run_config(args: argparse.Namespace, **flags: dict):
+    """Defaults < the `--config` file < `--set` < `flags` (section -> {key: value}, None = unset):
+    the command's own everyday options (`--model`, `--index` ...)."""
+    from rigkit.config import apply_settings, load_config
+
+    config = apply_settings(load_config(args.config), args.settings)
+    return config.override(**flags) if flags else config
+
+
 # -- checks every command runs before loading a model or an index ---------------------------------
 
 def check_text(text: str, what: str = "the question") -> str:
     """Refuse text that is not valid UTF-8 (argv decoded with surrogateescape) or is empty."""
-    from rigkit.errors import InputError
+    from rigkit.text import check_question
 
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InputError(f"{what} is not valid UTF-8 text; check the shell's encoding") from None
-    if not text.strip():
-        raise InputError(f"{what} is empty")
-    return text
+    return check_question(text, what)
 
 
 def check_model_path(spec: str | None) -> None:

@@ -7,7 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from rigkit.config import DeciderConfig, load_config
+from rigkit.cli import add_config_options
+from rigkit.config import DeciderConfig, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.trace import RIGResult, RoundTrace
 
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layout", choices=["append", "prefix"], help="where passages go in the context")
     p.add_argument("--no-cache", action="store_true", help="do not reuse the KV cache across rounds")
     add_generator_flags(p)
-    p.add_argument("--config", help="a YAML run config (defaults < file < flags)")
+    add_config_options(p)
     p.add_argument("--json", action="store_true", help="print exactly the RIGResult JSON on stdout")
     p.set_defaults(func=run)
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if decider and decider != base.decider.name:
         # another decider: the file's threshold and params were meant for the one it names
         base = dataclasses.replace(base, decider=DeciderConfig(name=decider))
-    config = base.override(
+    config = apply_settings(base, args.settings).override(
         generator=generator_overrides(args),
         retrieval={"corpus": args.corpus, "index": args.index or args.retriever},
         decider={"name": decider, "threshold": args.threshold, "trigger_model": args.trigger_model},
@@ -90,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
         context={"layout": args.layout, "marker_protocol": args.marker_protocol},
         controller={"max_rounds": args.max_rounds, "policy": args.policy},
     )
-    if not args.question.strip():
-        raise InputError("the question is empty")
     _check_names(config.decider.name, config.query.mode)
     check_decider_params(config.decider)
     check_index(config.retrieval.index)
@@ -145,13 +144,11 @@ class _TokenPrinter:
 
 def _check_names(decider: str, query_mode: str) -> None:
     """Fail before loading a model when a name is wrong."""
-    from rigkit.deciders import DECIDERS
-    from rigkit.queries import QUERY_BUILDERS
+    from rigkit.deciders import check_decider_name
+    from rigkit.queries import check_query_mode
 
-    if decider not in DECIDERS:
-        raise InputError(f"unknown decider {decider!r}; choose from {', '.join(DECIDERS)}")
-    if query_mode not in QUERY_BUILDERS:
-        raise InputError(f"unknown query mode {query_mode!r}; choose from {', '.join(QUERY_BUILDERS)}")
+    check_decider_name(decider)
+    check_query_mode(query_mode)
 
 
 def _check_generator(g) -> None:

@@ -19,6 +19,8 @@ Re-running the same command resumes; `rigkit report DIR` rebuilds the report."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from rigkit.cli import add_config_options
+
     ev = subparsers.add_parser(
         "eval", help="evaluate closed-book, RAG and RIG systems on a QA set (resumable)",
         epilog=EVAL_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--layout", choices=("append", "prefix"),
                     help="passages after the draft (append, cache-friendly) or rebuilt in front "
                     "of the question each round (prefix, FLARE/DRAGIN); default: the config's")
-    ev.add_argument("--config", help="run config YAML (e.g. configs/cpu.yaml); model, deciders...")
+    add_config_options(ev, "; model, deciders...")
     ev.add_argument("--model", help="generator: short name, hub id or local path "
                     "(overrides generator.model of --config)")
     ev.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
@@ -53,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mg = subparsers.add_parser("eval-merge", help="join the folders of a sharded `rigkit eval`")
     mg.add_argument("shards", nargs="+", help="the shards' --out folders")
     mg.add_argument("--out", required=True, help="merged run folder (results, traces, report)")
+    mg.add_argument("--force", action="store_true", help="replace an evaluation already in --out")
     mg.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     mg.set_defaults(func=_run_merge)
 
@@ -63,8 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from rigkit.cli import check_decider_params, check_index, check_model_path, check_out
-    from rigkit.config import load_config
+    from rigkit.cli import (
+        check_decider_params,
+        check_index,
+        check_model_path,
+        check_out,
+        run_config,
+    )
     from rigkit.errors import InputError
     from rigkit.eval.experiment import evaluate
     from rigkit.eval.runner import parse_shard
@@ -77,11 +85,12 @@ def _run_eval(args: argparse.Namespace) -> int:
     for flag, path in (("--qa", args.qa), ("--config", args.config)):
         if path and not Path(path).exists():
             raise InputError(f"{flag} {path}: file not found")
-    config = load_config(args.config)  # checked here: before the model loads
+    config = run_config(args)  # checked here: before the model loads
     check_decider_params(config.decider)
     check_index(args.index or config.retrieval.index)
     summary = evaluate(
-        args.qa, args.out, args.systems, index=args.index, config=args.config, runs=args.runs,
+        args.qa, args.out, args.systems, index=args.index, config=args.config,
+        settings=args.settings, runs=args.runs,
         limit=args.limit, layout=args.layout, split=args.split, model=args.model,
         faithfulness=not args.no_faithfulness, traces=not args.no_traces,
         progress=not args.no_progress and not args.json, concurrency=args.concurrency,
@@ -101,15 +110,20 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _run_merge(args: argparse.Namespace) -> int:
     from rigkit.cli import check_out
+    from rigkit.eval.merge import merge_runs
     from rigkit.eval.report import write_report
-    from rigkit.eval.runner import merge_runs
 
     check_out(args.out)
-    summary = merge_runs(args.out, args.shards)
+    summary = merge_runs(args.out, args.shards, force=args.force)
     path = write_report(args.out)
+    for where in summary.dropped:
+        print(f"rigkit eval-merge: warning: {where} unreadable (torn or corrupt), left out", file=sys.stderr)
+    if summary.missing:
+        print(f"rigkit eval-merge: warning: {summary.missing} answers missing (a shard did not finish: "
+              "resume it with the same `rigkit eval` command, then merge again)", file=sys.stderr)
     if args.json:
-        print(json.dumps({"results": str(summary.path), "rows": summary.written,
-                          "errors": summary.errors, "report": str(path)}))
+        print(json.dumps({"results": str(summary.path), "rows": summary.written, "errors": summary.errors,
+                          "dropped": summary.dropped, "missing": summary.missing, "report": str(path)}))
     else:
         print(f"rigkit eval-merge: {summary.written} result lines from {len(args.shards)} shards "
               f"in {summary.path}; report: {path}", file=sys.stderr)

@@ -31,52 +31,57 @@ def register(subparsers) -> None:
 
 
 def _add_build(actions) -> None:
-    build = actions.add_parser("build", help="chunk a corpus and build BM25 + vector indexes")
-    build.add_argument("--corpus", required=True, help="JSONL file, or folder of .md/.txt files")
+    from rigkit.cli import add_config_options
+
+    build = actions.add_parser(
+        "build", help="chunk a corpus and build BM25 + vector indexes",
+        description="Chunk a corpus and build both indexes with the retrieval section of the run "
+        "config: embedding_model, chunk_size, overlap, bm25_method, k1, b, dense_index "
+        "(e.g. --set retrieval.dense_index=hnsw; docs/config.md).")
+    build.add_argument("--corpus", help="JSONL file, or folder of .md/.txt files "
+                       "(default: retrieval.corpus of --config)")
     build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
-    build.add_argument("--embedding-model", default="all-MiniLM-L6-v2")
-    build.add_argument(
-        "--chunk-size",
-        type=int,
-        default=None,
-        help="tokens per chunk (default and maximum: the model's input limit, 256 for MiniLM)",
-    )
-    build.add_argument(
-        "--overlap", type=int, default=64, help="tokens shared by neighbouring windows"
-    )
+    add_config_options(build)
+    build.add_argument("--chunk-size", type=int, default=None,
+                       help="retrieval.chunk_size: tokens per chunk (default and maximum: the "
+                       "model's input limit, 256 for MiniLM)")
     build.add_argument(
         "--no-split",
         action="store_true",
         help="one chunk per document (the model truncates long ones; a warning counts them)",
     )
-    build.add_argument("--bm25-method", default="lucene", choices=("lucene", "robertson"))
-    build.add_argument("--k1", type=float, default=1.5)
-    build.add_argument("--b", type=float, default=0.75)
-    build.add_argument("--dense-index", default="flat", choices=("flat", "hnsw", "ivf"))
     build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
     build.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     build.set_defaults(func=_build)
 
 
 def _add_search(subparsers) -> None:
+    from rigkit.cli import add_config_options
+
     search = subparsers.add_parser("search", help="ranked hits for a query from a saved index")
     search.add_argument("dir", help="index folder")
     search.add_argument("query")
-    search.add_argument("--mode", default="hybrid", choices=("bm25", "dense", "hybrid"))
-    search.add_argument("--top-k", type=int, default=5)
-    search.add_argument("--bm25-backend", default="bm25s", choices=("bm25s", "rank_bm25"))
+    search.add_argument("--mode", choices=("bm25", "dense", "hybrid"),
+                        help="retrieval.mode (default hybrid)")
+    search.add_argument("--top-k", type=int, default=5, help="hits to print (default 5)")
+    search.add_argument("--bm25-backend", choices=("bm25s", "rank_bm25"),
+                        help="retrieval.bm25_backend (default bm25s)")
     search.add_argument(
         "--embedding-model", default=None, help="refuse the index unless built with it"
     )
+    add_config_options(search)
     search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     search.set_defaults(func=_search)
 
 
 def _add_eval(subparsers) -> None:
+    from rigkit.cli import add_config_options
+
     ev = subparsers.add_parser(
         "eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set"
     )
-    ev.add_argument("--index", required=True, help="index folder built from the set's corpus")
+    ev.add_argument("--index", help="index folder built from the set's corpus "
+                    "(default: retrieval.index of --config)")
     ev.add_argument("--qa", required=True, help="QA JSONL in the shared format")
     ev.add_argument(
         "--by",
@@ -91,7 +96,9 @@ def _add_eval(subparsers) -> None:
         help="only that split's questions (splits.json beside the QA file)",
     )
     ev.add_argument("--modes", default="bm25,dense,hybrid")
-    ev.add_argument("--bm25-backend", default="bm25s", choices=("bm25s", "rank_bm25"))
+    ev.add_argument("--bm25-backend", choices=("bm25s", "rank_bm25"),
+                    help="retrieval.bm25_backend (default bm25s)")
+    add_config_options(ev)
     ev.add_argument("--json", action="store_true", help='print {mode: {"recall@1", ..., "mrr"}}')
     ev.set_defaults(func=_eval)
 
@@ -106,25 +113,28 @@ def _setup_logging() -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from rigkit.cli import check_out
+    from rigkit.cli import check_out, run_config
     from rigkit.retrieval import Index
 
     check_out(args.out)
-    if not Path(args.corpus).exists():
-        raise InputError(f"corpus not found: {args.corpus}")
+    r = run_config(args, retrieval={"corpus": args.corpus, "chunk_size": args.chunk_size}).retrieval
+    if r.corpus is None:
+        raise InputError("index build needs a corpus: --corpus FILE (or retrieval.corpus in --config)")
+    if not Path(r.corpus).exists():
+        raise InputError(f"corpus not found: {r.corpus}")
     _setup_logging()
     started = time.perf_counter()
     index = Index.build(
-        args.corpus,
+        r.corpus,
         args.out,
-        embedding_model=args.embedding_model,
-        chunk_size=args.chunk_size,
-        overlap=args.overlap,
+        embedding_model=r.embedding_model,
+        chunk_size=r.chunk_size,
+        overlap=r.overlap,
         split=not args.no_split,
-        bm25_method=args.bm25_method,
-        k1=args.k1,
-        b=args.b,
-        dense_index=args.dense_index,
+        bm25_method=r.bm25_method,
+        k1=r.k1,
+        b=r.b,
+        dense_index=r.dense_index,
         batch_size=args.batch_size,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
@@ -158,12 +168,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from rigkit.cli import check_text, safe_terminal
+    from rigkit.cli import check_text, run_config, safe_terminal
     from rigkit.retrieval import Index
 
     check_text(args.query, "the query")
+    r = run_config(args, retrieval={"mode": args.mode, "bm25_backend": args.bm25_backend}).retrieval
     index = Index.load(args.dir, embedding_model=args.embedding_model)
-    hits = index.retriever(args.mode, bm25_backend=args.bm25_backend).search(args.query, args.top_k)
+    hits = _retriever(index, r).search(args.query, args.top_k)
     if args.json:
         print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=1))
         return 0
@@ -179,19 +190,30 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retriever(index, r):
+    """The index's retriever as the run config's retrieval section sets it (mode, fusion)."""
+    return index.retriever(r.mode, bm25_backend=r.bm25_backend, rrf_k=r.rrf_k,
+                           bm25_top_k=r.bm25_top_k, dense_top_k=r.dense_top_k,
+                           bm25_weight=r.bm25_weight, dense_weight=r.dense_weight)
+
+
 def _eval(args: argparse.Namespace) -> int:
+    from rigkit.cli import run_config
     from rigkit.datasets import load_qa, split_questions
     from rigkit.retrieval import Index
     from rigkit.retrieval.evaluation import evaluate_retrieval
 
+    r = run_config(args, retrieval={"index": args.index, "bm25_backend": args.bm25_backend}).retrieval
+    if r.index is None:
+        raise InputError("eval-retrieval needs an index: --index DIR (or retrieval.index in --config)")
     _setup_logging()
     rows = load_qa(args.qa)
     if args.split:
         rows = split_questions(rows, Path(args.qa).parent, args.split)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    index = Index.load(args.index)
+    index = Index.load(r.index)
     started = time.perf_counter()
-    result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=args.bm25_backend)
+    result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=r.bm25_backend)
     log.info(
         "%d questions, %d chunks, %.1f s",
         len(rows),

@@ -12,6 +12,9 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from rigkit.cli import add_config_options
+    from rigkit.config import GeneratorConfig
+
     parser = subparsers.add_parser(
         "markers", help="fine-tune a model to write <retrieve> markers (LoRA, CPU)",
         description="Build marker transcripts from multi-hop QA sets, train a LoRA adapter that "
@@ -26,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="questions of this split only (test is never used)")
     p.add_argument("--out", required=True, help="JSONL file to write")
     p.add_argument("--model", default=None, help="model whose chat template and tokenizer to use")
-    p.add_argument("--config", help="run config YAML (context settings, model)")
+    add_config_options(p, " (context settings, model)")
     p.add_argument("--max-tokens", type=int, default=512, help="skip longer transcripts")
     p.add_argument("--closed-share", type=float, default=0.15,
                    help="share of questions that also get an all-facts-given negative")
@@ -41,7 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="JSONL written by build-data")
     p.add_argument("--out", required=True, help="adapter folder (checkpoints go inside)")
     p.add_argument("--eval-data", help="dev transcripts for early stopping")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="base model spec")
+    p.add_argument("--model", help="base model spec (default: generator.model of the config, "
+                   f"{GeneratorConfig.model})")
+    add_config_options(p, " (the base model and where it runs)")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
     p.add_argument("--top-layers", type=int, default=None,
@@ -71,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="print the table from rows written by earlier --out runs instead (e.g. one per set)")
     p.add_argument("--split", default="test", choices=["train", "dev", "test"])
     p.add_argument("--model", default="smollm2-135m-instruct+markers", help="the tuned model")
-    p.add_argument("--base-model", default="smollm2-135m-instruct", help="model for FLARE's queries")
-    p.add_argument("--config", default=None, help="run config YAML (default: configs/cpu.yaml)")
+    p.add_argument("--base-model", default=GeneratorConfig.model, help="model for FLARE's queries")
+    add_config_options(p, " (default: configs/cpu.yaml)")
     p.add_argument("--limit", type=int, default=None, help="first N questions per set")
     p.add_argument("--end-effect", action="store_true",
                    help="also score answers (Cover EM / F1) of rig:marker, rig:prob, rag, closed-book")
@@ -88,12 +93,12 @@ def _log(text: str) -> None:
 def _build_data(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from rigkit.config import load_config
+    from rigkit.build import build_generator
+    from rigkit.cli import run_config
     from rigkit.finetune.data import build_marker_data, write_examples
-    from rigkit.generation import generator_from_config
 
-    config = load_config(args.config).override(generator={"model": args.model})
-    generator = generator_from_config(config.generator)  # device, dtype, backend from the config
+    config = run_config(args, generator={"model": args.model})
+    generator = build_generator(config.generator)  # device, dtype, backend from the config
     context = replace(config.context, max_passage_tokens=min(config.context.max_passage_tokens, 80))
     examples, stats = [], Counter()
     for qa in args.qa:
@@ -112,8 +117,9 @@ def _build_data(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rigkit.build import build_generator
+    from rigkit.cli import run_config
     from rigkit.finetune.train import LoraTrainConfig, train_markers
-    from rigkit.generation import load_generator
 
     config = LoraTrainConfig(
         rank=args.rank, alpha=args.alpha, top_layers=args.top_layers, learning_rate=args.lr, epochs=args.epochs,
@@ -121,10 +127,11 @@ def _train(args: argparse.Namespace) -> int:
         time_budget_min=args.time_budget, eval_every=args.eval_every, eval_examples=args.eval_examples, save_every=args.save_every,
         patience=args.patience, keep=args.keep, seed=args.seed,
     )
-    generator = load_generator(args.model)
+    base = run_config(args, generator={"model": args.model}).generator
+    generator = build_generator(base)
     command = "rigkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     report = train_markers(args.data, args.out, generator, config, eval_path=args.eval_data,
-                           base_model=args.model, resume=not args.fresh, command=command)
+                           base_model=base.model, resume=not args.fresh, command=command)
     if args.json:
         from dataclasses import asdict
 
@@ -150,7 +157,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise InputError("markers eval needs --qa (or --rows from earlier runs)")
     report = evaluate_markers(
         args.qa, split=args.split, model=args.model, base_model=args.base_model,
-        config_path=args.config, limit=args.limit, end_effect=args.end_effect, rows_path=args.out,
+        config_path=args.config, settings=args.settings, limit=args.limit, end_effect=args.end_effect, rows_path=args.out,
     )
     print(json.dumps(report.to_dict()) if args.json else report.table())
     return 0

@@ -10,8 +10,6 @@ from rigkit.errors import InputError
 
 __all__ = ["register"]
 
-_LOCAL = ("127.0.0.1", "localhost", "::1")
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the RIG loop over HTTP (OpenAI-compatible, JSON-RPC, MCP)")
@@ -22,6 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413")
     p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every route")
     p.add_argument("--no-mcp", action="store_true", help="do not mount the MCP server under /mcp")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin allowed to call the API, e.g. http://localhost:3000 (repeatable; "
+                        "other pages' requests get 403)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another name this server answers to in the Host header, e.g. behind a proxy "
+                        "(repeatable; other names get 421)")
     p.set_defaults(func=run_serve)
     m = sub.add_parser("mcp", help="an MCP server over stdio with the search and ask tools")
     _common(m)
@@ -29,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="a YAML run config (e.g. configs/cpu.yaml)")
+    from rigkit.cli import add_config_options
+
+    add_config_options(p)
     p.add_argument("--model", help="smollm2-135m-instruct (default), a hub id or a local path")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--corpus", help="JSONL or folder of .md/.txt (indexed on first use, cached)")
@@ -39,15 +45,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "(default: the config's max_passage_tokens)")
 
 
-def _service(args: argparse.Namespace, load_model: bool = True):
-    from rigkit.config import load_config
+def _config(args: argparse.Namespace):
+    """The run config: defaults < --config < --set < --model / --corpus / --index / --retriever."""
+    from rigkit.cli import run_config
+
+    return run_config(args, generator={"model": args.model},
+                      retrieval={"corpus": args.corpus, "index": args.index or args.retriever})
+
+
+def _service(args: argparse.Namespace, load_model: bool = True, config=None):
     from rigkit.serve.service import RigService
 
-    config = load_config(args.config).override(
-        generator={"model": args.model},
-        retrieval={"corpus": args.corpus, "index": args.index or args.retriever},
-    )
-    return RigService(config, max_queue=getattr(args, "max_queue", 8), tool_result_tokens=args.tool_result_tokens,
+    return RigService(config or _config(args), max_queue=getattr(args, "max_queue", 8), tool_result_tokens=args.tool_result_tokens,
                       load_model=load_model)
 
 
@@ -56,6 +65,7 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from rigkit.serve.app import create_app
+        from rigkit.serve.exposure import Exposure, is_loopback
     except ImportError as err:
         raise InputError(f"rigkit serve needs the serve extra: pip install 'rigkit[serve]' ({err})") from err
     api_key = None
@@ -63,18 +73,34 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
-    if args.host not in _LOCAL:
-        print(f"rigkit serve: binding to {args.host}: reachable from other machines"
-              + ("" if api_key else " without authentication (see --api-key-env)"), file=sys.stderr)
-    print(f"loading {args.model or 'the configured model'} and the index...", file=sys.stderr)
-    service = _service(args)
+    try:
+        exposure = Exposure(bind=args.host, hosts=tuple(args.allow_host), origins=tuple(args.allow_origin))
+    except ValueError as err:
+        raise InputError(f"--allow-origin: {err}") from err
+    if not is_loopback(args.host):
+        _warn_wide_bind(exposure, api_key is not None)
+    config = _config(args)  # a bad --config or --set is refused before anything loads
+    print(f"loading {config.generator.model} and the index...", file=sys.stderr)
+    service = _service(args, config=config)
     app = create_app(service, api_key=api_key, max_body_bytes=args.max_body_bytes, mcp=not args.no_mcp,
-                     host=args.host)
+                     host=args.host, exposure=exposure)
     server = _draining_server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                              access_log=False, timeout_graceful_shutdown=None), service)
     print(f"rigkit serve: http://{args.host}:{args.port} (model {service.model_name})", file=sys.stderr, flush=True)
     server.run()
     return 0
+
+
+def _warn_wide_bind(exposure, authenticated: bool) -> None:
+    """Say loudly what binding beyond loopback exposes (the corpus, the model's time)."""
+    names = ", ".join(sorted(exposure.served_names))
+    lines = [f"rigkit serve: WARNING: binding to {exposure.bind}: reachable from other machines",
+             f"  Host names served: {names}" + (" and IP addresses" if exposure.wildcard else "")
+             + " (add others with --allow-host)"]
+    if not authenticated:
+        lines.append("  WARNING: no authentication: anyone who can reach this port can read the corpus and "
+                     "run the model; set a key with --api-key-env VAR")
+    print("\n".join(lines), file=sys.stderr)
 
 
 def run_mcp(args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from rigkit.cli import add_config_options
+
     parser = subparsers.add_parser(
         "trigger", help="train and evaluate a retrieval-trigger classifier",
         description="Label segments, train a classifier that says when to retrieve, compare it "
@@ -26,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="labelled set to write (JSONL with a header)")
     p.add_argument("--rule", default="any", help="r1 | r2 | any | all (all are stored)")
     p.add_argument("--min-gain", type=float, default=0.5, help="r1: token-F1 gain that counts")
-    p.add_argument("--config", help="run config YAML (generator, answer length)")
+    add_config_options(p, " (generator, answer length)")
     p.add_argument("--model", help="generator spec (default: the config's)")
     p.add_argument("--max-answer-tokens", type=int, help="cap each answer (labels the first sentences)")
     p.add_argument("--no-hidden", action="store_true", help="do not store hidden states")
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--end-effect", type=int, default=0, metavar="N",
                    help="also run RIG on N test questions with classifier vs prob decider")
     p.add_argument("--qa", help="QA file for --end-effect (default: the one the labels came from)")
-    p.add_argument("--config", help="run config YAML for --end-effect")
+    add_config_options(p, " for --end-effect")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)
 
@@ -96,20 +98,17 @@ def _check_exists(path: str, flag: str) -> None:
 
 
 def _build_labels(args: argparse.Namespace) -> int:
-    from rigkit.cli import check_model_path, check_out
-    from rigkit.config import load_config
-    from rigkit.generation import generator_from_config
+    from rigkit.build import build_generator
+    from rigkit.cli import check_model_path, check_out, run_config
     from rigkit.trigger.labels import agreement, build_labels, resumable
 
     check_out(args.out, "file")
     check_model_path(args.model)
     _check_exists(args.qa, "--qa")
-    config = load_config(args.config)
-    if args.model or args.max_answer_tokens:
-        config = config.override(
-            generator={"model": args.model, "max_answer_tokens": args.max_answer_tokens}
-        )
-    generator = generator_from_config(config.generator)  # device, dtype, backend
+    config = run_config(
+        args, generator={"model": args.model, "max_answer_tokens": args.max_answer_tokens}
+    )
+    generator = build_generator(config.generator)  # device, dtype, backend
     resume = None if args.fresh else resumable(args.out, args.qa, generator)
     if resume is not None:
         _log(f"resuming {args.out}: {len(resume.meta.get('done_qids', []))} questions already labelled")
@@ -211,26 +210,24 @@ def _cross(args: argparse.Namespace) -> int:
 
 
 def _end_effect(args, labels, model):
-    from rigkit.config import load_config
+    from rigkit.build import build_generator, build_retriever
+    from rigkit.cli import run_config
+    from rigkit.datasets import load_qa
     from rigkit.errors import InputError
-    from rigkit.generation import generator_from_config
-    from rigkit.retrieval import open_retriever
     from rigkit.trigger.endeffect import end_effect
 
     qa = args.qa or labels.meta.get("qa")
     if not qa or not Path(qa).exists():
         raise InputError("--end-effect needs the QA file: pass --qa FILE")
     test = set(model.meta.get("split_qids", {}).get("test", []))
-    records = [json.loads(line) for line in Path(qa).read_text(encoding="utf-8").splitlines()
-               if line.strip()]
-    records = [r for r in records if r["id"] in test][: args.end_effect]
+    records = [r for r in load_qa(qa) if r["id"] in test][: args.end_effect]
     if not records:
         raise InputError(f"none of the model's test questions are in {qa}")
-    config = load_config(args.config)
+    config = run_config(args)
     if config.retrieval.corpus is None and config.retrieval.index is None:
         corpus = Path(qa).with_name("corpus.jsonl")  # the QA set's own paragraph corpus
         if corpus.exists():
             config = config.override(retrieval={"corpus": str(corpus)})
-    generator = generator_from_config(config.generator)  # device, dtype, backend
-    retriever = open_retriever(config.retrieval)
+    generator = build_generator(config.generator)  # device, dtype, backend
+    retriever = build_retriever(config.retrieval)
     return end_effect(records, model.path, generator, retriever, config)

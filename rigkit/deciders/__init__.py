@@ -1,9 +1,11 @@
 """Deciders: after each segment, judge whether the answer needs outside knowledge now.
 
-`DECIDERS` maps a name to a class; `build_decider(DeciderConfig)` builds one, wraps it with the
-entity checklist when asked, and builds composites from their members. See each module for the
-paper it follows: marker (Toolformer-style), prob (FLARE), entropy (DRAGIN RIND), keyword
-(cue rules), classifier (trained trigger), composite, always / every_n / never (baselines).
+`DECIDERS` maps a name to a class; `decider_from_config(DeciderConfig)` builds one, wraps it with
+the entity checklist when asked, builds composites from their members and opens a classifier's
+trained file (`trigger_model`, read by `trigger_model.load_trigger`). Runs build their decider
+with `rigkit.build.build_decider`, which calls it. See each module for the paper it follows:
+marker (Toolformer-style), prob (FLARE), entropy (DRAGIN RIND), keyword (cue rules), classifier
+(trained trigger), composite, always / every_n / never (baselines).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rigkit.config import DeciderConfig
@@ -36,7 +38,8 @@ __all__ = [
     "TriggerScorer",
     "ClassifierDecider",
     "DECIDERS",
-    "build_decider",
+    "check_decider_name",
+    "decider_from_config",
     "compare_deciders",
     "AlwaysRetrieve",
     "EveryNTokens",
@@ -95,26 +98,26 @@ DECIDERS: _Registry = _Registry(
 )
 
 
-TriggerLoader = Callable[..., TriggerScorer]
+def check_decider_name(name: str) -> str:
+    """`name` if `DECIDERS` holds it; else an InputError naming the known deciders."""
+    if name not in DECIDERS:
+        raise InputError(f"unknown decider {name!r}; known: {', '.join(DECIDERS)}")
+    return name
 
 
-def build_decider(
-    config: DeciderConfig, generator: object | None = None, load_trigger: TriggerLoader | None = None
-) -> Decider:
+def decider_from_config(config: DeciderConfig, generator: object | None = None) -> Decider:
     """The decider `config` describes; the entity-checklist options wrap it.
 
     `config.threshold` None keeps the decider's default; `config.params` go to its constructor
     as keyword arguments. The generator is passed to deciders whose constructor takes one.
-    A classifier's `trigger_model` file is opened with `load_trigger(path, **params it takes)`
-    (`rigkit.build.build_decider` passes `rigkit.trigger.load_trigger`): the deciders do not
-    depend on the training code.
+    A classifier's `trigger_model` file is opened with `trigger_model.load_trigger` (its
+    `embedder` param replaces the sentence-embedding model the file names).
     """
-    if config.name not in DECIDERS:
-        raise InputError(f"unknown decider {config.name!r}; known: {', '.join(DECIDERS)}")
+    check_decider_name(config.name)
     if config.name == "composite":
         if not config.members:
             raise InputError("decider 'composite' needs members (decider.members in the config)")
-        members = [build_decider(m, generator, load_trigger) for m in config.members]
+        members = [decider_from_config(m, generator) for m in config.members]
         kwargs: dict[str, Any] = {
             "members": members, "combine": config.combine, "weights": config.weights,
         }
@@ -128,7 +131,7 @@ def build_decider(
         cls = DECIDERS[config.name]
         extra: dict[str, Any] = {}
         if config.trigger_model:
-            config, extra["model"] = _load_model(config, load_trigger)
+            config, extra["model"] = _load_model(config)
         decider = _construct(cls, config, extra, generator)
     if config.entity_checklist or config.skip_if_no_entity:
         decider = EntityChecklist(
@@ -137,18 +140,13 @@ def build_decider(
     return decider
 
 
-def _load_model(config: DeciderConfig, load_trigger: TriggerLoader | None):
-    """(config without the loader's params, the loaded model)."""
-    if load_trigger is None:
-        raise InputError(
-            f"decider {config.name!r} reads a trained model ({config.trigger_model}); build it with "
-            "rigkit.build.build_decider, which loads the file, or pass the loaded model as model="
-        )
-    accepted = inspect.signature(load_trigger).parameters
-    mine = {k: v for k, v in config.params.items() if k in accepted and k != "generator"}
-    rest = {k: v for k, v in config.params.items() if k not in mine}
-    model = load_trigger(config.trigger_model, **mine)
-    return dataclasses.replace(config, params=rest), model
+def _load_model(config: DeciderConfig) -> tuple[DeciderConfig, TriggerScorer]:
+    """(config without the loader's `embedder` param, the model its `trigger_model` file holds)."""
+    from rigkit.deciders.trigger_model import load_trigger  # sklearn and skops: only when asked
+
+    params = dict(config.params)
+    model = load_trigger(config.trigger_model, embedder=params.pop("embedder", None))
+    return dataclasses.replace(config, params=params), model
 
 
 def _construct(cls: type, config: DeciderConfig, kwargs: dict[str, Any], generator) -> Decider:

@@ -1,9 +1,9 @@
 """The classifier decider: a trained retrieval-trigger model thresholds its probability.
 
-The decider is given its model (`TriggerScorer`); it does not load files itself, so the
-deciders never depend on the training code. `rigkit.trigger.TriggerModel` is such a scorer
-(`rigkit.trigger.trigger_decider(path)` loads one and builds this decider; `rigkit.build`
-does the same for `--decider classifier --trigger-model FILE`). The question comes from
+The decider is given its model (`TriggerScorer`), so a notebook can plug in any scorer.
+`rigkit.deciders.trigger_model.TriggerModel` is the one `rigkit trigger train` writes;
+`rigkit.build.build_decider` opens such a file for `--decider classifier --trigger-model FILE`
+(`rigkit.trigger.trigger_decider(path)` is the same from Python). The question comes from
 `DecisionState.question`, hidden states from the generator (`generator=` here, else
 `state.generator`). `Decision.score` is the model's probability, so it compares with the other
 deciders on the same labels by ROC / PR.

@@ -10,7 +10,8 @@ modes. Concessions:
 - attention comes from `segment.attention` when a decider already fetched it, else from
   `generator.segment_attention(segment)` (`SupportsAttention`): the segment's own tokens only,
   one extra eager forward pass through the KV cache (a full-sequence eager pass is quadratic:
-  PITFALLS 7). There is no silent fallback to entropy alone: a generator without that
+  33 s and 11.7 GB at 3,000 tokens for a 135M model, against 0.6 s for the segment alone).
+  There is no silent fallback to entropy alone: a generator without that
   capability (a served model, a scripted one) is a one-line error naming the decider, and so
   is an in-process model that returns no attention; its own errors propagate.
 - entropy alone (RIND with a_i = 1) only when asked for: `use_attention=False`

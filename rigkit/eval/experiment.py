@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rigkit.config import RunConfig, load_config
+from rigkit.config import RunConfig, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, write_report
@@ -53,8 +53,10 @@ def load_questions(qa: str | Path, split: str = "all", limit: int | None = None)
 
 
 def _resolve_config(config: RunConfig | str | Path | None, index: str | Path | None,
-                    layout: str | None, model: str | None = None) -> RunConfig:
+                    layout: str | None, model: str | None = None,
+                    settings: Sequence[str] = ()) -> RunConfig:
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    cfg = apply_settings(cfg, settings)  # --set: over the file, under the flags below
     if model is not None:
         cfg = cfg.override(generator={"model": model})
     if index is not None:
@@ -89,22 +91,17 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_parts(cfg: RunConfig, specs: list, generator: Any, retriever: Any) -> tuple[Any, Any]:
-    if generator is None:
-        from rigkit.generation import load_generator
+    from rigkit.build import build_generator, build_retriever
 
-        g = cfg.generator
-        generator = load_generator(g.model, use_cache=g.use_cache, temperature=g.temperature,
-                                   top_p=g.top_p, dtype=g.dtype)
+    if generator is None:
+        generator = build_generator(cfg.generator)  # backend, device, dtype from the config
     needs_index = any(s.kind != "closed_book" for s in specs)
     if retriever is None and needs_index:
-        from rigkit.retrieval import open_retriever
-
         if cfg.retrieval.index is None and cfg.retrieval.corpus is None:
-            # open_retriever would fall back to the demo corpus: wrong passages, silently.
+            # the retriever would fall back to the demo corpus: wrong passages, silently.
             raise InputError("systems that retrieve need an index: pass --index DIR (build one "
                              "with `rigkit index build`) or set retrieval.index / retrieval.corpus")
-
-        retriever = open_retriever(cfg.retrieval)
+        retriever = build_retriever(cfg.retrieval)
     return generator, retriever
 
 
@@ -129,6 +126,7 @@ def evaluate(
     concurrency: int | None = None,
     shard: str | tuple[int, int] | None = None,
     generator_factory: Any = None,
+    settings: Sequence[str] = (),
 ) -> RunSummary:
     """Run `systems` on the questions of `qa` into `out` (resumable) and write the report.
 
@@ -138,13 +136,14 @@ def evaluate(
     the shards' folders with `merge_runs`.
 
     `generator` / `retriever` may be passed in (e.g. rigkit.testing's scripted parts); otherwise
-    they are loaded from the config (`--config`), with `index` overriding `retrieval.index` and
-    `model` (a short name, hub id or local path) overriding `generator.model`.
+    they are loaded from the config (`--config`, then `settings`: `section.key=value` as `--set`
+    takes them), with `index` overriding `retrieval.index` and `model` (a short name, hub id or
+    local path) overriding `generator.model`.
     """
     if runs < 1:
         raise InputError("--runs must be at least 1")
     specs = parse_systems(systems)
-    cfg = _resolve_config(config, index, layout, model)
+    cfg = _resolve_config(config, index, layout, model, settings)
     shard = parse_shard(shard) if isinstance(shard, str) else shard
     items = shard_items(load_questions(qa, split, limit), shard)
     if not items:
@@ -165,8 +164,7 @@ def evaluate(
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
     generator, retriever = _load_parts(cfg, specs, generator, retriever)
-    meta["model"] = {"spec": getattr(generator, "spec", cfg.generator.model),
-                     "source": getattr(generator, "source", None)}
+    meta["model"] = {"spec": generator.spec or cfg.generator.model, "source": generator.source}
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
     built = build_systems(specs, cfg, generator, retriever)
     scorer = FaithfulnessScorer() if faithfulness else None
@@ -174,9 +172,9 @@ def evaluate(
         concurrency = 8 if cfg.generator.backend == "openai" else 1
 
     def worker_systems():  # each worker its own generator: its own KV cache or HTTP session
-        from rigkit.generation.loading import generator_from_config
+        from rigkit.build import build_generator
 
-        own = generator_factory() if generator_factory else generator_from_config(cfg.generator)
+        own = generator_factory() if generator_factory else build_generator(cfg.generator)
         return build_systems(specs, cfg, own, retriever)
 
     summary = run_eval(items, built, folder, runs=runs, base_seed=cfg.generator.seed,

@@ -22,11 +22,9 @@ SUPPORT = (("citation_precision", "Citation precision"),
 
 
 def _go():
-    try:
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-    except ImportError as err:  # plotly is a declared dependency; say so if it is missing
-        raise ImportError("rigkit reports need plotly: pip install plotly") from err
+    import plotly.graph_objects as go  # imported when a figure is drawn: it takes a while
+    from plotly.subplots import make_subplots
+
     return go, make_subplots
 
 

@@ -14,7 +14,7 @@ Concurrency: `concurrency` worker threads answer questions, each with its own sy
 controller and generator state, `worker_systems()`); only the calling thread writes, so lines
 never interleave. Workers share the process's random generators, so sampled (temperature > 0)
 answers are reproducible only with `concurrency=1`; greedy ones are the same either way. Sharding: `shard=(i, n)` takes every n-th question from the i-th (1-based), so
-n machines split one question file; `merge_runs` joins their folders.
+n machines split one question file; `rigkit.eval.merge` joins their folders.
 
 Seeds: run r uses seed `base_seed + r` for every answer (the controller reseeds the generator
 with it at each question), so a resumed run samples exactly what an uninterrupted one would.
@@ -38,12 +38,12 @@ from typing import Any
 from rigkit.errors import InputError, RigkitError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem, score_result
 from rigkit.eval.systems import System
-from rigkit.files import fault_point, write_jsonl_atomic
+from rigkit.files import fault_point, iter_jsonl, write_jsonl_atomic
 from rigkit.trace import RIGResult
 
 __all__ = ["RESULTS_FILE", "TRACES_FILE", "ResultsFile", "RunSummary", "read_results",
            "read_traces", "result_key", "summarize_result", "run_eval", "shard_items",
-           "parse_shard", "merge_runs"]
+           "parse_shard", "merge_runs", "MergeSummary", "locked_folder"]
 
 RESULTS_FILE = "results.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -84,12 +84,8 @@ class ResultsFile:
         """Every parsable line, in file order; a torn line is skipped, never fatal."""
         if not self.path.exists():
             return
-        with open(self.path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                with contextlib.suppress(ValueError):
-                    row = json.loads(line)
-                    if isinstance(row, dict):
-                        yield row
+        for _, row in iter_jsonl(self.path, skip_bad=True):
+            yield row
 
     def append(self, row: dict[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False) + "\n"
@@ -211,7 +207,7 @@ def _seed_everything(seed: int) -> None:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def locked_folder(folder: Path) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # no advisory locks on this platform: run unguarded
@@ -280,7 +276,7 @@ def run_eval(items: Sequence[QAItem], systems: Sequence[System], out_dir: str | 
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out / RESULTS_FILE)
     trace_file = ResultsFile(out / TRACES_FILE)
-    with _locked(out):
+    with locked_folder(out):
         dropped = results.repair() + trace_file.repair()
         if dropped:
             print(f"rigkit eval: dropped a torn last line ({dropped} bytes) from {out}",
@@ -362,41 +358,5 @@ def _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
                 f.cancel()
 
 
-def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path]) -> RunSummary:
-    """Join shard folders of one evaluation into `out_dir`: results, traces, meta (no report).
-
-    The shards must share the QA file, split and config; a key found in two shards keeps the
-    later shard's line. Written atomically, so a killed merge leaves `out_dir` as it was."""
-    from rigkit.eval.report import META_FILE
-    from rigkit.files import atomic_write_text
-
-    if not shard_dirs:
-        raise InputError("rigkit eval merge: name the shard folders to merge")
-    metas = []
-    for folder in map(Path, shard_dirs):
-        if not (folder / RESULTS_FILE).exists() or not (folder / META_FILE).exists():
-            raise InputError(f"{folder} is not a `rigkit eval` folder (no {RESULTS_FILE} / {META_FILE})")
-        metas.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
-    for key in ("qa", "split", "config"):
-        if any(m.get(key) != metas[0].get(key) for m in metas):
-            raise InputError(f"the shards were run with different {key}; merge only shards of one evaluation")
-    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
-    traces: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for folder in map(Path, shard_dirs):
-        for row in read_results(folder):
-            rows[result_key(row)] = row
-        for row in read_traces(folder):
-            traces[result_key(row)] = row
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with _locked(out):
-        write_jsonl_atomic(out / TRACES_FILE, [traces[k] for k in rows if k in traces])
-        write_jsonl_atomic(out / RESULTS_FILE, rows.values())
-        meta = dict(metas[0])
-        meta.update(shard=None, merged_from=[str(d) for d in shard_dirs],
-                    question_ids=list(dict.fromkeys(q for m in metas for q in m.get("question_ids", []))),
-                    systems=list(dict.fromkeys(s for m in metas for s in m.get("systems", []))),
-                    runs=max(int(m.get("runs", 1)) for m in metas))
-        atomic_write_text(out / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
-    errors = sum(1 for r in rows.values() if r.get("error"))
-    return RunSummary(out / RESULTS_FILE, len(rows), 0, len(rows), errors)
+# merging shards lives in rigkit.eval.merge; importable from here as before
+from rigkit.eval.merge import MergeSummary, merge_runs  # noqa: E402

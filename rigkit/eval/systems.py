@@ -61,15 +61,6 @@ class System:
         return self.spec.name
 
 
-def _known(module: str, attr: str) -> set[str] | None:
-    """Registry names for validation; None while the registry is not importable."""
-    try:
-        registry = getattr(__import__(module, fromlist=[attr]), attr)
-    except (ImportError, AttributeError):
-        return None
-    return set(registry)
-
-
 def parse_system(text: str) -> SystemSpec:
     """Parse one system name; raises InputError naming what is allowed."""
     raw = text.strip()
@@ -88,14 +79,16 @@ def parse_system(text: str) -> SystemSpec:
     if kind == "rig" and len(args) <= 2:
         decider = args[0] if args and args[0] else None
         query = args[1] if len(args) > 1 and args[1] else None
-        deciders = _known("rigkit.deciders", "DECIDERS")
-        if decider and deciders is not None and decider not in deciders:
-            raise InputError(f"system {raw!r}: unknown decider {decider!r}; "
-                             f"known: {', '.join(sorted(deciders))}")
-        modes = _known("rigkit.queries", "QUERY_BUILDERS")
-        if query and modes is not None and query not in modes:
-            raise InputError(f"system {raw!r}: unknown query mode {query!r}; "
-                             f"known: {', '.join(sorted(modes))}")
+        from rigkit.deciders import check_decider_name
+        from rigkit.queries import check_query_mode
+
+        try:
+            if decider:
+                check_decider_name(decider)
+            if query:
+                check_query_mode(query)
+        except InputError as err:
+            raise InputError(f"system {raw!r}: {err}") from None
         return SystemSpec(raw, "rig", decider=decider, query_mode=query, layout=layout)
     raise InputError(
         f"unknown system {raw!r}: use closed_book, rag[:K] or rig[:DECIDER[:QUERY_MODE]], "

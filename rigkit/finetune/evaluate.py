@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigkit.config import load_config
+from rigkit.config import GeneratorConfig, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.files import iter_jsonl, write_jsonl_atomic
 from rigkit.markers import find_markers
@@ -156,31 +156,33 @@ def evaluate_markers(
     *,
     split: str = "test",
     model: str = "smollm2-135m-instruct+markers",
-    base_model: str = "smollm2-135m-instruct",
+    base_model: str = GeneratorConfig.model,
     config_path: str | Path | None = None,
+    settings: Sequence[str] = (),
     limit: int | None = None,
     end_effect: bool = False,
     rows_path: str | Path | None = None,
     max_rounds: int = 4,
     progress: bool = True,
 ) -> MarkerEvalReport:
-    """Run the tuned and the base model over each set's `split` and measure how they ask."""
+    """Run the tuned and the base model over each set's `split` and measure how they ask.
+
+    `settings` (`section.key=value`, the command line's `--set`) apply over the config file."""
     from tqdm.auto import tqdm
 
+    from rigkit.build import build_generator, build_retriever
     from rigkit.datasets import load_qa, split_questions
     from rigkit.eval.metrics import QAItem, cover_match, token_f1
     from rigkit.eval.systems import build_system, parse_system
-    from rigkit.generation import generator_from_config
-    from rigkit.retrieval import open_retriever
 
     default_config = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"
     if config_path is None and default_config.exists():
         config_path = default_config
-    config = load_config(config_path)
+    config = apply_settings(load_config(config_path), settings)
     config = config.override(controller={"max_rounds": max_rounds}, retrieval={"mode": "hybrid"})
     # the config's backend, device and dtype, for the tuned and the base model alike
-    tuned = generator_from_config(config.override(generator={"model": str(model)}).generator)
-    base = generator_from_config(config.override(generator={"model": str(base_model)}).generator)
+    tuned = build_generator(config.override(generator={"model": str(model)}).generator)
+    base = build_generator(config.override(generator={"model": str(base_model)}).generator)
     rows: list[MarkerEvalRow] = []
     for qa in qa_paths:
         qa = Path(qa)
@@ -188,7 +190,7 @@ def evaluate_markers(
         if not records:
             raise InputError(f"{qa}: no questions in split {split!r}")
         cfg = config.override(retrieval={"corpus": str(qa.parent / "corpus.jsonl"), "index": None})
-        retriever = open_retriever(cfg.retrieval)
+        retriever = build_retriever(cfg.retrieval)
         marker = build_system(parse_system("rig:marker:marker"), cfg, tuned, retriever)
         flare = build_system(parse_system("rig:prob:masked"), cfg, base, retriever)
         others = []

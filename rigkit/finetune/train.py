@@ -207,7 +207,7 @@ def train_markers(
     dev = encode_all(read_examples(eval_path), generator, config.max_len)[: config.eval_examples] if eval_path else []
     if not train:
         raise InputError(f"{data_path}: no example has assistant tokens to learn")
-    base_model = base_model or getattr(generator, "spec", "") or "unknown"
+    base_model = base_model or generator.spec or "unknown"
 
     torch.manual_seed(config.seed)
     model = _lora_model(copy.deepcopy(generator.model), config)

@@ -2,7 +2,8 @@
 
 `protocol` holds the `Generator` protocol and the optional capabilities, `hf` the in-process
 transformers backend, `openai` the OpenAI-compatible server backend (imported on first use: it
-needs `httpx`), `stops` the stop rule every backend shares, `loading` model loading.
+needs `httpx`), `stops` the stop rule every backend shares, `loading` model loading, `adapters` LoRA
+adapters named in a model spec.
 """
 
 from rigkit.generation.hf import HFGenerator

@@ -16,9 +16,10 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.generation.stops import find_stop
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule, encode_transcript
+from rigkit.transcript import Piece, StopRule, decode_keeping, encode_transcript, kept_tag_ids
 
 __all__ = ["HFGenerator"]
 
@@ -32,12 +33,12 @@ class _StopOnText:
 
     def __init__(self, tokenizer: Any, prompt_len: int, stop: StopRule):
         self.tokenizer, self.prompt_len, self.stop = tokenizer, prompt_len, stop
-        self.keep = _kept_ids(tokenizer, stop)
+        self.keep = kept_tag_ids(tokenizer, stop)
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        text = _decode(self.tokenizer, input_ids[0, self.prompt_len :].tolist(), self.keep)
+        text = decode_keeping(self.tokenizer, input_ids[0, self.prompt_len :].tolist(), self.keep)
         done = find_stop(text, self.stop) is not None
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
@@ -51,9 +52,9 @@ class HFGenerator:
         tokenizer: Any,
         spec: str = "",
         source: str = "",
-        use_cache: bool = True,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        use_cache: bool = GeneratorConfig.use_cache,
+        temperature: float = GeneratorConfig.temperature,
+        top_p: float = GeneratorConfig.top_p,
     ):
         self.model, self.tokenizer = model.eval(), tokenizer
         self.spec, self.source = spec, source
@@ -83,6 +84,12 @@ class HFGenerator:
     @property
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
+
+    @property
+    def context_limit(self) -> int:
+        """The model config's `max_position_embeddings`; `DEFAULT_CONTEXT_LIMIT` when it has none."""
+        stated = getattr(self.model.config, "max_position_embeddings", None)  # not every architecture names it
+        return int(stated or DEFAULT_CONTEXT_LIMIT)
 
     # -- the Generator protocol ------------------------------------------------------------
     def next_segment(
@@ -217,7 +224,7 @@ class HFGenerator:
         finish = "length"
         if new_ids and new_ids[-1] in self.eos_token_ids:
             new_ids, finish = new_ids[:-1], "end_of_turn"
-        texts = _token_texts(self.tokenizer, new_ids, _kept_ids(self.tokenizer, stop))
+        texts = _token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
         keep = len(new_ids)
         cut = find_stop("".join(texts), stop)
         if cut is not None:
@@ -333,37 +340,11 @@ def _crop(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def _kept_ids(tokenizer: Any, stop: StopRule) -> frozenset[int]:
-    """Special tokens that spell (part of) a marker protocol's tag: decoded text keeps them, so
-    the stop rule and the decider see the tag as a string whatever the tokenizer made of it."""
-    if not stop.keep:
-        return frozenset()
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    return frozenset(
-        i for i, token in added.items()
-        if getattr(token, "special", True) and str(token) and any(str(token) in tag for tag in stop.keep)
-    )
-
-
-def _decode(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> str:
-    """`ids` as text, special tokens skipped except those in `keep`, written as their string."""
-    if not keep.intersection(ids):
-        return tokenizer.decode(ids, skip_special_tokens=True)
-    out, run = [], []
-    for i in ids:
-        if i in keep:
-            out += [tokenizer.decode(run, skip_special_tokens=True), tokenizer.convert_ids_to_tokens(i)]
-            run = []
-        else:
-            run.append(i)
-    return "".join(out) + tokenizer.decode(run, skip_special_tokens=True)
-
-
 def _token_texts(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> list[str]:
     """Per-token text whose concatenation equals the decoded text (multi-byte safe)."""
     texts, previous = [], ""
     for i in range(len(ids)):
-        current = _decode(tokenizer, ids[: i + 1], keep)
+        current = decode_keeping(tokenizer, ids[: i + 1], keep)
         if current.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
             texts.append("")
             continue

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rigkit.config import GeneratorConfig
 from rigkit.errors import InputError, ModelNotFoundError
 from rigkit.files import cache_root
 from rigkit.generation.hf import HFGenerator
@@ -51,11 +52,11 @@ _LOADED: dict[tuple, HFGenerator] = {}
 class Placement:
     """Where and how a model's weights live; `resolve` turns `auto` into a concrete choice."""
 
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = GeneratorConfig.device  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = GeneratorConfig.dtype  # auto | float32 | bfloat16 | float16
     device_map: str | None = None  # e.g. "auto": shard a model larger than one GPU (accelerate)
-    attn_implementation: str = "sdpa"  # eager is switched on only for the attention pass
-    trust_remote_code: bool = False
+    attn_implementation: str = GeneratorConfig.attn_implementation  # eager only for the attention pass
+    trust_remote_code: bool = GeneratorConfig.trust_remote_code
 
     def resolve(self) -> Placement:
         import torch
@@ -78,7 +79,8 @@ class Placement:
         return Placement(device, dtype, self.device_map, self.attn_implementation, self.trust_remote_code)
 
 
-def check_placement(device: str, dtype: str, attn_implementation: str = "sdpa") -> None:
+def check_placement(device: str, dtype: str,
+                    attn_implementation: str = GeneratorConfig.attn_implementation) -> None:
     """One-line errors for names that can never work, before anything loads."""
     if device not in DEVICES and not re.fullmatch(r"cuda:\d+", device):
         raise InputError(f"unknown device {device!r}; choose from {', '.join(DEVICES)} or cuda:N")
@@ -91,16 +93,16 @@ def check_placement(device: str, dtype: str, attn_implementation: str = "sdpa") 
 
 
 def load_generator(
-    spec: str = DEFAULT_MODEL,
+    spec: str = GeneratorConfig.model,
     *,
-    use_cache: bool = True,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    dtype: str = "auto",
-    device: str = "auto",
+    use_cache: bool = GeneratorConfig.use_cache,
+    temperature: float = GeneratorConfig.temperature,
+    top_p: float = GeneratorConfig.top_p,
+    dtype: str = GeneratorConfig.dtype,
+    device: str = GeneratorConfig.device,
     device_map: str | None = None,
-    attn_implementation: str = "sdpa",
-    trust_remote_code: bool = False,
+    attn_implementation: str = GeneratorConfig.attn_implementation,
+    trust_remote_code: bool = GeneratorConfig.trust_remote_code,
 ) -> HFGenerator:
     """An `HFGenerator` for `spec`: the default short name, a hub id, or a local path.
 
@@ -136,11 +138,11 @@ def generator_from_config(config: GeneratorConfig) -> Generator:
 
 
 def _load_model(spec: str, place: Placement) -> tuple[Any, Any, str]:
-    # Only the short name means the offline GGUF copy; the hub id means the hub's own weights
-    # (full precision: other numbers than the Q4_1 copy, PITFALLS 6).
+    # Only the short name means the offline GGUF copy (Q4_1 weights, dequantised); the hub id
+    # means the hub's own full-precision weights: same model, other numbers, so `source` says which.
     if spec.lower() == DEFAULT_MODEL:
         return _load_default(place)
-    from rigkit.finetune.adapters import (  # BASE+ADAPTER, adapter dir
+    from rigkit.generation.adapters import (  # BASE+ADAPTER, adapter dir
         adapter_spec,
         load_with_adapter,
     )

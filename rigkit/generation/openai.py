@@ -38,23 +38,22 @@ import json
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.errors import InputError, RigkitError
-from rigkit.generation.hf import _decode, _kept_ids  # the same decoding as in-process
 from rigkit.generation.stops import find_stop
+from rigkit.http import ServerClient
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule, encode_transcript
+from rigkit.transcript import Piece, StopRule, decode_keeping, encode_transcript, kept_tag_ids
 
 if TYPE_CHECKING:
     from rigkit.config import GeneratorConfig
 
 __all__ = ["OpenAIGenerator", "ServerError", "truncated_entropy"]
 
-RETRY_STATUS = (429, 502, 503, 504)
 MAX_STOP_STRINGS = 4
 
 
@@ -74,6 +73,9 @@ class _Server:
 class OpenAIGenerator:
     """A model behind an OpenAI-compatible server, continuing rigkit's transcript segment by segment."""
 
+    # the served model's own window is not asked for: runs budget for the common default
+    context_limit = DEFAULT_CONTEXT_LIMIT
+
     def __init__(
         self,
         base_url: str,
@@ -81,18 +83,16 @@ class OpenAIGenerator:
         tokenizer: Any,
         *,
         api_key: str | None = None,
-        top_logprobs: int = 20,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        top_logprobs: int = GeneratorConfig.top_logprobs,
+        temperature: float = GeneratorConfig.temperature,
+        top_p: float = GeneratorConfig.top_p,
         seed: int | None = None,
-        timeout: float = 120.0,
-        max_retries: int = 4,
+        timeout: float = GeneratorConfig.request_timeout,
+        max_retries: int = GeneratorConfig.max_retries,
         backoff: float = 0.5,
         prompt_format: str = "auto",
         transport: Any = None,
     ):
-        import httpx
-
         if prompt_format not in ("auto", "tokens", "text"):
             raise InputError(f"prompt_format must be auto, tokens or text, not {prompt_format!r}")
         if top_logprobs < 1:
@@ -102,10 +102,8 @@ class OpenAIGenerator:
         self.top_logprobs, self.temperature, self.top_p, self.seed = top_logprobs, temperature, top_p, seed
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.prompt_format = prompt_format
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout), transport=transport
-        )
+        self._client = ServerClient(self.base_url, name="model server", error=ServerError, api_key=api_key,
+                                    timeout=timeout, retries=max_retries, backoff=backoff, transport=transport)
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._piece_ids: dict[str, list[int]] = {}
@@ -165,11 +163,11 @@ class OpenAIGenerator:
                 body["stop"] = strings
         elif server.sglang and stop.keep:
             body["skip_special_tokens"] = False
-        elif stop.keep and _kept_ids(self.tokenizer, stop):
+        elif stop.keep and kept_tag_ids(self.tokenizer, stop):
             self._special_tags_at_risk = True  # no way to ask this server: said in `source`
         texts, token_ids, logprobs, entropies = [], [], [], []
         finish, usage, cut, sent = "length", None, None, 0
-        keep = _kept_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
+        keep = kept_tag_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
         events = self._stream("/completions", body)
         try:
             for chunk in events:
@@ -209,7 +207,7 @@ class OpenAIGenerator:
         self._probe()
         text = self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
         body = {"model": self.spec, "prompt": text, "max_tokens": max_new_tokens, "temperature": 0.0}
-        reply = self._request("POST", "/completions", body).json()
+        reply = self._client.request("POST", "/completions", body).json()
         return (reply.get("choices") or [{}])[0].get("text", "").strip()
 
     def count_tokens(self, text: str) -> int:
@@ -254,10 +252,10 @@ class OpenAIGenerator:
     def _texts_of(self, before: list[int], new_ids: list[int], keep: frozenset[int]) -> list[str]:
         """Per-token text of `new_ids` following `before` (multi-byte safe, like the HF backend)."""
         with self._lock:
-            head = _decode(self.tokenizer, before, keep)
+            head = decode_keeping(self.tokenizer, before, keep)
             out = []
             for i in range(len(new_ids)):
-                text = _decode(self.tokenizer, before + new_ids[: i + 1], keep)
+                text = decode_keeping(self.tokenizer, before + new_ids[: i + 1], keep)
                 if text.endswith("\ufffd"):
                     out.append("")
                     continue
@@ -292,7 +290,7 @@ class OpenAIGenerator:
         """Once: list the served models, check ours is among them, and learn the server kind."""
         with self._lock:
             if self._server is None:
-                data = self._request("GET", "/models").json().get("data") or []
+                data = self._client.request("GET", "/models").json().get("data") or []
                 names = [str(m.get("id")) for m in data]
                 if names and self.spec not in names:
                     raise ServerError(
@@ -302,49 +300,9 @@ class OpenAIGenerator:
                 self._server = _Server(names, vllm=owner == "vllm", sglang=owner == "sglang")
             return self._server
 
-    def _request(self, method: str, path: str, body: dict | None = None, stream: bool = False) -> Any:
-        """One request with retries on connection errors and 429/50x (backoff, Retry-After)."""
-        import httpx
-
-        url = f"{self.base_url}{path}"
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
-            try:
-                request = self._client.build_request(method, path, json=body)
-                response = self._client.send(request, stream=stream)
-            except httpx.TimeoutException:
-                if last:
-                    raise ServerError(f"the model server at {url} did not answer within {self.timeout:g} s") from None
-            except httpx.TransportError as err:
-                if last:
-                    raise ServerError(
-                        f"cannot reach the model server at {url} ({type(err).__name__}: {err}); is it running?"
-                    ) from None
-            else:
-                if response.status_code < 400:
-                    return response
-                if response.status_code not in RETRY_STATUS or last:
-                    raise self._http_error(response, url)
-                wait = _retry_after(response)
-                response.close()
-                time.sleep(wait if wait is not None else self.backoff * 2**attempt)
-                continue
-            time.sleep(self.backoff * 2**attempt)
-        raise AssertionError("unreachable")  # the loop returns or raises
-
-    def _http_error(self, response: Any, url: str) -> ServerError:
-        response.read()
-        detail = response.text.strip().replace("\n", " ")[:300]
-        status = response.status_code
-        if status in (401, 403):
-            return ServerError(f"the model server at {url} refused the request ({status}): check the API key")
-        if status == 404 and "model" in detail.lower():
-            return ServerError(f"the model server at {url} does not serve model {self.spec!r} (404): {detail}")
-        return ServerError(f"the model server at {url} answered {status}: {detail}")
-
     def _stream(self, path: str, body: dict) -> Iterator[dict]:
         """Parsed server-sent events of a streamed completion, until `[DONE]` or the caller stops."""
-        response = self._request("POST", path, body, stream=True)
+        response = self._client.request("POST", path, body, stream=True)
         try:
             for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -376,7 +334,7 @@ def truncated_entropy(top_logprobs: Sequence[float]) -> float:
     return max(0.0, entropy)
 
 
-def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_remote_code) -> Any:
     """The served model's tokenizer by hub name or path; the default short name stays offline."""
     from rigkit.generation.loading import DEFAULT_MODEL, default_tokenizer
 
@@ -433,10 +391,3 @@ def _cached_tokens(usage: dict | None) -> int | None:
     details = (usage or {}).get("prompt_tokens_details") or {}
     value = details.get("cached_tokens")
     return int(value) if value is not None else None
-
-
-def _retry_after(response: Any) -> float | None:
-    try:
-        return min(30.0, float(response.headers.get("retry-after", "")))
-    except ValueError:
-        return None

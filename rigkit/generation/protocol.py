@@ -1,8 +1,10 @@
 """What the loop needs of a model: the `Generator` protocol and optional capabilities.
 
-Every backend implements `Generator`. In-process models also offer model internals (attention,
-hidden states) and a resettable cache; deciders and the trigger code ask for those with
-`isinstance(generator, SupportsAttention)` and friends instead of probing attribute names.
+Every backend implements `Generator`, including what it says about itself (`spec`, `source`,
+`context_limit`) and token streaming (`next_segment(..., on_token=None)`). In-process models also
+offer model internals (attention, hidden states) and a resettable cache; deciders and the trigger
+code ask for those with `isinstance(generator, SupportsAttention)` and friends instead of probing
+attribute names.
 """
 
 from __future__ import annotations
@@ -27,6 +29,21 @@ __all__ = [
 class Generator(Protocol):
     """The model behind a run. In-process (`HFGenerator`) or an HTTP backend."""
 
+    @property
+    def spec(self) -> str:
+        """The model's name as given (hub id, local path, served name); results record it."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """Where the weights or the numbers come from (GGUF file, hub, server and its limits)."""
+        ...
+
+    @property
+    def context_limit(self) -> int:
+        """The most tokens the model attends to, prompt and answer together."""
+        ...
+
     def next_segment(
         self, prompt: Sequence[Piece], stop: StopRule, max_new_tokens: int,
         on_token: Callable[[str], None] | None = None,
@@ -34,7 +51,9 @@ class Generator(Protocol):
         """Continue `prompt` until `stop` fires, end of turn, or `max_new_tokens`.
 
         `on_token`, when given, receives each new token's text as it is written (tentative:
-        the returned `Segment` is what counts; `rigkit.streaming` reconciles the two).
+        the returned `Segment` is what counts; `rigkit.streaming` reconciles the two). Every
+        generator takes it; one that cannot stream may ignore it, and its text then reaches
+        listeners when each round ends.
         """
         ...
 
@@ -70,7 +89,7 @@ class SupportsReset(Protocol):
     def reset(self, seed: int | None = None) -> None: ...
 
 
-def check_decider_support(config: Any, generator: object) -> None:
+def check_decider_support(config: Any, generator: Generator) -> None:
     """Refuse, in one line naming the decider, one that needs model internals `generator` lacks.
 
     `config` is a `DeciderConfig` (composite members are checked too). Called where a run is
@@ -83,6 +102,6 @@ def check_decider_support(config: Any, generator: object) -> None:
             if not isinstance(generator, SupportsAttention):
                 raise InputError(
                     f"decider 'entropy' needs the model's attention weights, which "
-                    f"{type(generator).__name__} ({getattr(generator, 'spec', '')}) cannot give; use an "
+                    f"{type(generator).__name__} ({generator.spec}) cannot give; use an "
                     "in-process model, or entropy alone with decider.params.use_attention: false"
                 )

@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, NamedTuple, Union
 if TYPE_CHECKING:
     from rigkit.markers.protocol import MarkerProtocol
 
-__all__ = ["Marker", "find_markers", "strip_markers", "neutralize_markers", "word_tag"]
+__all__ = [
+    "Marker", "find_markers", "strip_markers", "neutralize_markers", "word_tag", "check_tags",
+    "tidy_spacing",
+]
 
 TagSpec = Union[str, "tuple[str, str]", "MarkerProtocol"]  # a word tag ("retrieve"), (open, close) or a protocol
 
@@ -62,6 +65,11 @@ def word_tag(open_tag: str, close_tag: str) -> str | None:
     """The word of a `<word>` / `</word>` pair, or None when the tags are literal ones."""
     match = _WORD_TAG.fullmatch(open_tag)
     return match.group(1) if match and close_tag == f"</{match.group(1)}>" else None
+
+
+def check_tags(spec: TagSpec) -> None:
+    """Raise ValueError when `spec`'s tags cannot be parsed (not a word, empty, padded)."""
+    _grammar(spec)
 
 
 def _grammar(spec: TagSpec) -> _Grammar:
@@ -177,10 +185,10 @@ def strip_markers(text: str, tag: TagSpec = "retrieve") -> str:
     cut = _partial_tail(out, grammar, 0)
     if cut is not None:
         out = out[:cut]
-    return _tidy(out)
+    return tidy_spacing(out)
 
 
-def _tidy(text: str) -> str:
+def tidy_spacing(text: str) -> str:
     """Collapse the double spaces and space-before-punctuation that removing a marker leaves."""
     text = re.sub(r"[ \t]{2,}", " ", text)
     text = re.sub(r"[ \t]+([,.;:!?，。；：！？])", r"\1", text)

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from rigkit.errors import InputError
-from rigkit.markers.parsing import _grammar, _tidy, strip_markers, word_tag
+from rigkit.markers.parsing import check_tags, strip_markers, tidy_spacing, word_tag
 from rigkit.prompts import MARKER_SYSTEM_PROMPT
 
 __all__ = [
@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 RESULT_MODES = ("message", "inline")
+MAX_TAG_CHARS = 64  # longer than any trained checkpoint's tag (R1-Searcher's are 22)
+_TAG_FIELDS = ("open", "close", "results_open", "results_close", "answer_open", "answer_close")
 _PASSAGE_FIELDS = {"index": 1, "id": "doc#0", "title": "Title", "text": "text"}
 
 
@@ -140,12 +142,11 @@ class MarkerProtocol:
 
 
 def _check(p: MarkerProtocol) -> None:
+    _check_tag_texts(p)  # first: a huge tag would make the parsers below slow to build
     if p.results not in RESULT_MODES:
         raise MarkerProtocolError(f"results must be one of {', '.join(RESULT_MODES)}, got {p.results!r}")
-    if p.open == p.close:
-        raise MarkerProtocolError(f"open and close tags must differ, both are {p.open!r}")
     try:
-        _grammar(p)
+        check_tags(p)
     except ValueError as err:
         raise MarkerProtocolError(str(err)) from None
     if p.inline and not (p.results_open and p.results_close):
@@ -158,6 +159,24 @@ def _check(p: MarkerProtocol) -> None:
         raise MarkerProtocolError(
             f"passage_format {p.passage_format!r} is not a format with fields index, id, title, text ({err})"
         ) from None
+
+
+def _check_tag_texts(p: MarkerProtocol) -> None:
+    """Each tag and `strip` entry short and holding a letter or digit; the tags distinct."""
+    named = [(n, getattr(p, n)) for n in _TAG_FIELDS if getattr(p, n)]
+    named += [(f"strip[{i}]", token) for i, token in enumerate(p.strip)]
+    for name, text in named:
+        if not text.strip():
+            raise MarkerProtocolError(f"{name} is empty: a tag must be visible text")
+        if len(text) > MAX_TAG_CHARS:
+            raise MarkerProtocolError(f"{name} is {len(text)} characters long; a tag has at most {MAX_TAG_CHARS}")
+        if not any(ch.isalnum() for ch in text):
+            raise MarkerProtocolError(f"{name} {text!r} holds no letter or digit: it would match ordinary text")
+    seen: dict[str, str] = {}
+    for name, text in named[: len(named) - len(p.strip)]:
+        if text.lower() in seen:  # tags are matched case-insensitively
+            raise MarkerProtocolError(f"{seen[text.lower()]} and {name} tags must differ, both are {text!r}")
+        seen[text.lower()] = name
 
 
 def openrig_style(tag: str = "retrieve") -> MarkerProtocol:
@@ -295,7 +314,7 @@ def clean_answer(text: str, protocol: MarkerProtocol = DEFAULT_PROTOCOL) -> str:
     text = strip_markers(text, protocol)
     for token in protocol.strip:
         text = re.sub(re.escape(token), " ", text, flags=re.IGNORECASE)
-    return _tidy(text) if protocol.answer_open or protocol.results_open or protocol.strip else text
+    return tidy_spacing(text) if protocol.answer_open or protocol.results_open or protocol.strip else text
 
 
 def format_passages(protocol: MarkerProtocol, passages: Sequence[tuple[str, str, str]]) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
 from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
@@ -94,10 +95,10 @@ class BM25Retriever:
     def build(
         cls,
         chunks: Sequence[Chunk],
-        backend: str = "bm25s",
-        method: str = "lucene",
-        k1: float = 1.5,
-        b: float = 0.75,
+        backend: str = RetrievalConfig.bm25_backend,
+        method: str = RetrievalConfig.bm25_method,
+        k1: float = RetrievalConfig.k1,
+        b: float = RetrievalConfig.b,
         tokens: list[list[str]] | None = None,
     ) -> BM25Retriever:
         """Index `chunks` (their `index_text`); `tokens` may pass a precomputed tokenisation."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
 from rigkit.retrieval.ranking import Scored, hits_from_scored
@@ -96,8 +97,8 @@ class DenseRetriever:
     def build(
         cls,
         chunks: Sequence[Chunk],
-        embedding_model: str = "all-MiniLM-L6-v2",
-        kind: str = "flat",
+        embedding_model: str = RetrievalConfig.embedding_model,
+        kind: str = RetrievalConfig.dense_index,
         embedder=None,
         batch_size: int = 64,
     ) -> DenseRetriever:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.dense import embed_texts
 from rigkit.retrieval.ranking import hits_from_scored
@@ -43,7 +44,7 @@ def evaluate_retrieval(
     modes: Sequence[str] = ("bm25", "dense", "hybrid"),
     ks: Sequence[int] = (1, 5, 10),
     by: str = "title",
-    bm25_backend: str = "bm25s",
+    bm25_backend: str = RetrievalConfig.bm25_backend,
 ) -> dict[str, dict[str, float]]:
     """{mode: {"recall@1", "recall@5", "recall@10", "mrr"}} averaged over questions with gold."""
     rows = [r for r in rows if supporting_keys(r, by)]

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.base import Retriever, ScoresChunks
 from rigkit.retrieval.ranking import Scored, collapse_hits, make_hit
@@ -60,7 +61,7 @@ class HybridRetriever:
         retrievers: Mapping[str, Retriever],
         weights: Mapping[str, float] | None = None,
         top_ks: Mapping[str, int] | None = None,
-        rrf_k: int = 60,
+        rrf_k: int = RetrievalConfig.rrf_k,
     ):
         if not retrievers:
             raise InputError("a hybrid retriever needs at least one retriever")

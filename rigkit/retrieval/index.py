@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rigkit.config import RetrievalConfig
 from rigkit.corpus import (
     Chunk,
     chunk_documents,
@@ -84,14 +85,14 @@ class Index:
         cls,
         corpus: str | Path,
         out: str | Path,
-        embedding_model: str = "all-MiniLM-L6-v2",
-        chunk_size: int | None = None,
-        overlap: int = 64,
+        embedding_model: str = RetrievalConfig.embedding_model,
+        chunk_size: int | None = RetrievalConfig.chunk_size,
+        overlap: int = RetrievalConfig.overlap,
         split: bool = True,
-        bm25_method: str = "lucene",
-        k1: float = 1.5,
-        b: float = 0.75,
-        dense_index: str = "flat",
+        bm25_method: str = RetrievalConfig.bm25_method,
+        k1: float = RetrievalConfig.k1,
+        b: float = RetrievalConfig.b,
+        dense_index: str = RetrievalConfig.dense_index,
         batch_size: int = 64,
         progress: bool = False,
         embedder: Any = None,
@@ -214,13 +215,13 @@ class Index:
 
     def retriever(
         self,
-        mode: str = "hybrid",
-        bm25_backend: str = "bm25s",
-        rrf_k: int = 60,
-        bm25_top_k: int = 20,
-        dense_top_k: int = 20,
-        bm25_weight: float = 1.0,
-        dense_weight: float = 1.0,
+        mode: str = RetrievalConfig.mode,
+        bm25_backend: str = RetrievalConfig.bm25_backend,
+        rrf_k: int = RetrievalConfig.rrf_k,
+        bm25_top_k: int = RetrievalConfig.bm25_top_k,
+        dense_top_k: int = RetrievalConfig.dense_top_k,
+        bm25_weight: float = RetrievalConfig.bm25_weight,
+        dense_weight: float = RetrievalConfig.dense_weight,
     ):
         """A `Retriever` over this index: "bm25", "dense" or "hybrid" (RRF of both)."""
         if mode == "bm25":

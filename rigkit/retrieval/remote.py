@@ -3,17 +3,17 @@
 The request/response shape is that of the retrieval servers Search-R1-style training and
 evaluation stacks use: `{"queries": [...], "topk": k}` in, `{"result": [[{id, title, text, score},
 ...], ...]}` out (one list per query), so many generation workers can share one index server.
-Plain `urllib`: the core needs no HTTP client dependency for one POST.
+Requests go through `rigkit.http`: one client, retries on connection errors and busy answers.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
+from typing import Any
 
 from rigkit.errors import RigkitError
+from rigkit.http import ServerClient
 from rigkit.trace import Hit
 
 __all__ = ["RemoteRetriever", "RemoteRetrievalError", "is_remote"]
@@ -37,33 +37,33 @@ class RemoteRetriever:
 
     name = "remote"
 
-    def __init__(self, url: str, timeout: float = 30.0, api_key_env: str | None = None):
+    def __init__(self, url: str, timeout: float = 30.0, api_key_env: str | None = None,
+                 retries: int = 4, backoff: float = 0.5, transport: Any = None):
         if not is_remote(url):
             raise RemoteRetrievalError(f"not an http(s) URL: {url!r}")
         self.url, self.timeout = url, timeout
         self.api_key = os.environ.get(api_key_env) if api_key_env else os.environ.get("RIGKIT_API_KEY")
+        self._client = ServerClient(url, name="retrieval server", error=RemoteRetrievalError, api_key=self.api_key,
+                                    timeout=timeout, retries=retries, backoff=backoff, transport=transport)
+
+    def close(self) -> None:
+        self._client.close()
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         return self.search_many([query], top_k)[0]
 
     def search_many(self, queries: list[str], top_k: int = 5) -> list[list[Hit]]:
         """One request for several queries (how training workers batch their searches)."""
-        body = json.dumps({"queries": list(queries), "topk": int(top_k)}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        response = self._client.request("POST", json={"queries": list(queries), "topk": int(top_k)})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                data = json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode("utf-8", "replace")[:200]
-            raise RemoteRetrievalError(f"{self.url}: HTTP {err.code}: {detail}") from err
-        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as err:
-            raise RemoteRetrievalError(f"{self.url}: {err}") from err
+            data = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RemoteRetrievalError(f"the retrieval server at {self.url} did not answer JSON ({err})") from None
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
-            raise RemoteRetrievalError(f"{self.url}: expected {{'result': [one list per query]}}")
+            raise RemoteRetrievalError(
+                f"the retrieval server at {self.url} answered something else than {{'result': [one list per query]}}"
+            )
         return [[_hit(item) for item in hits] for hits in result]
 
 

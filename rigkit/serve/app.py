@@ -4,7 +4,8 @@ Every handler validates, submits one job to the service's `ModelWorker` and rela
 emits; the loop itself is `RIGController` (through `RigService`). Errors are one JSON shape,
 `{"error": {"message", "type", "param", "code"}}` (OpenAI's, so its SDK raises them properly):
 malformed JSON 400, wrong types 422 naming the field, unknown model 404, body over the limit 413,
-a full queue 429 with `Retry-After`, shutting down 503.
+a full queue 429 with `Retry-After`, shutting down 503; a foreign `Host` 421 and a foreign
+`Origin` 403 (`rigkit.serve.exposure`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from rigkit.errors import InputError
+from rigkit.serve.exposure import Exposure, install_exposure, not_json
 from rigkit.serve.jobs import (
     ClientGone,
     Pipe,
@@ -40,8 +42,13 @@ __all__ = ["create_app"]
 
 
 def create_app(service: RigService, *, api_key: str | None = None, max_body_bytes: int = 1_000_000,
-               mcp: bool = True, host: str = "127.0.0.1") -> FastAPI:
-    """The app over a loaded `service`; `api_key` turns on bearer auth for every route."""
+               mcp: bool = True, host: str = "127.0.0.1", exposure: Exposure | None = None) -> FastAPI:
+    """The app over a loaded `service`; `api_key` turns on bearer auth for every route.
+
+    `exposure` says which `Host` names and browser origins are served (default: those of the
+    bind address `host`, no other origin); it guards every route, `/mcp` and `/openapi.json` too.
+    """
+    exposure = exposure or Exposure(bind=host)
     mcp_server = None
     if mcp:
         from rigkit.serve.mcp_server import build_mcp
@@ -65,6 +72,7 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
     app.state.service = service
     _install_errors(app)
     app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes, service=service)
+    install_exposure(app, exposure)  # outermost: a foreign Host or Origin is refused before anything runs
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -151,7 +159,7 @@ def _options(o: Any) -> AskOptions:
 # -- helpers -----------------------------------------------------------------------------------
 def _model_card(service: RigService, name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": service.started, "owned_by": "rigkit",
-            "source": getattr(service.generator, "source", "")}
+            "source": service.generator.source}
 
 
 def _unknown_model(service: RigService, name: str) -> JSONResponse:
@@ -181,6 +189,11 @@ def _install_errors(app: FastAPI) -> None:
             if e.get("type") == "json_invalid":
                 return JSONResponse(error_body(f"malformed JSON: {e.get('msg')}"), status_code=400)
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        media_type = not_json(request.headers.get("content-type"))
+        if media_type and tuple(first.get("loc", ())) == ("body",):  # a body that is not JSON at all
+            return JSONResponse(error_body(f"{request.url.path} takes Content-Type: application/json, not "
+                                           f"{media_type!r}", param="content-type", code="unsupported_media_type"),
+                                status_code=415)
         if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
             return JSONResponse(error_body("the request needs a JSON body"), status_code=400)
         name = _field(tuple(first.get("loc", ())))
@@ -258,7 +271,9 @@ class _Guard:
 
     def _authorised(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.api_key or "")
+        # bytes, not str: compare_digest raises on non-ASCII text (headers arrive latin-1 decoded)
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode("latin-1"), (self.api_key or "").encode("utf-8"))
 
     def _too_large(self) -> dict[str, Any]:
         return error_body(f"the request body is over the limit of {self.limit} bytes", code="body_too_large")

@@ -1,8 +1,9 @@
 """An MCP server (the official `mcp` SDK's FastMCP) with two read-only tools: `search`, `ask`.
 
-Over stdio (`rigkit mcp`) or streamable HTTP, mounted in the app under `/mcp`. Bound to localhost
-the SDK validates `Host` and `Origin` (DNS-rebinding protection); bound wider, the allowed hosts
-and origins are the bind address and localhost. Both tools go through the same `RigService`:
+Over stdio (`rigkit mcp`) or streamable HTTP, mounted in the app under `/mcp`. Mounted, `Host` and
+`Origin` are checked by the app's exposure guard like every other route (one rule for the whole
+server, `rigkit.serve.exposure`), so the SDK's own check is off; run alone over HTTP, the SDK
+checks them against the bind address and localhost. Both tools go through the same `RigService`:
 `ask` waits its turn on the model worker like any other request.
 """
 
@@ -12,6 +13,7 @@ import asyncio
 from typing import Any
 
 from rigkit.serve.service import RigService
+from rigkit.text import check_question
 
 __all__ = ["build_mcp"]
 
@@ -28,7 +30,7 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
     if host not in _LOCAL:
         hosts.append(f"{host}:*")
         origins.append(f"http://{host}:*")
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=not http, allowed_hosts=hosts,
                                          allowed_origins=origins)
     mcp = FastMCP("rigkit", instructions="Search a rigkit index, or answer with retrieval-interleaved generation.",
                   host=host, streamable_http_path="/mcp", transport_security=security, stateless_http=http,
@@ -37,8 +39,7 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
     @mcp.tool()
     async def search(query: str, top_k: int = 3) -> list[dict[str, Any]]:
         """Search the index; passages best first, each capped with a visible truncation note."""
-        if not query.strip():
-            raise ValueError("the query is empty")
+        check_question(query, "the query")
         hits = (await asyncio.to_thread(service.search, [query], max(1, min(int(top_k), 20))))[0]
         return [{"id": h.chunk_id, "title": h.title, "text": service.cap_text(h.text), "score": round(h.score, 4)}
                 for h in hits]
@@ -46,8 +47,7 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
     @mcp.tool()
     async def ask(question: str) -> dict[str, Any]:
         """Answer with the RIG loop: the cited answer, how many retrievals it used, and the citations."""
-        if not question.strip():
-            raise ValueError("the question is empty")
+        check_question(question)
         job = service.worker.submit(lambda job: service.ask(job, question))
         result = await asyncio.wrap_future(job.future)
         return {"answer": result.answer, "used_retrieval_times": result.used_retrieval_times,

@@ -18,9 +18,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from rigkit.errors import InputError
 from rigkit.serve.jobs import RequestError
 from rigkit.serve.schemas import ChatCompletionRequest, Message, Options
 from rigkit.serve.service import AskOptions, ToolCall, ToolRound
+from rigkit.text import check_question
 
 __all__ = [
     "RequestError", "Conversation", "parse_messages", "check_tools", "ask_options", "cut_at_stop",
@@ -42,8 +44,10 @@ def parse_messages(messages: list[Message], tools_enabled: bool) -> Conversation
         raise RequestError("messages: no user message holds a question", "messages")
     last = users[-1]
     question = messages[last].text()
-    if not question.strip():
-        raise RequestError(f"messages.{last}.content: the question is empty", f"messages.{last}.content")
+    try:
+        check_question(question)
+    except InputError as err:
+        raise RequestError(f"messages.{last}.content: {err}", f"messages.{last}.content") from None
     history: list[tuple[str, str]] = []
     for i in users[:-1]:
         nxt = next((j for j in users if j > i), last)
@@ -54,7 +58,8 @@ def parse_messages(messages: list[Message], tools_enabled: bool) -> Conversation
 
 
 def _tool_rounds(messages: list[Message], start: int) -> list[ToolRound]:
-    replies = {m.tool_call_id: (i, m) for i, m in enumerate(messages) if m.role == "tool"}
+    """The tool rounds of the question at `start`; rounds before it belong to answered turns."""
+    replies = {m.tool_call_id: (i, m) for i, m in enumerate(messages) if m.role == "tool" and i > start}
     rounds, answered = [], set()
     for i, m in enumerate(messages[start + 1 :], start + 1):
         if m.role != "assistant" or not m.tool_calls:

@@ -3,6 +3,7 @@
 Batches run their calls in order; notifications (no `id`) get no reply. Standard codes: -32700
 parse error, -32600 invalid request, -32601 unknown method, -32602 invalid params, -32603
 internal; -32000 is a full queue (HTTP 429 with `Retry-After` when the request was a single call).
+A body sent as anything but `application/json` is refused with HTTP 415.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from rigkit.errors import InputError
-from rigkit.serve.jobs import submit, wait_job
-from rigkit.serve.schemas import AskParams, SearchParams
+from rigkit.serve.exposure import not_json
+from rigkit.serve.jobs import error_body, submit, wait_job
+from rigkit.serve.schemas import AskParams, SearchParams, lone_surrogate_at
 from rigkit.serve.service import AskOptions, RigService
 from rigkit.serve.worker import Busy, Draining
 
@@ -35,10 +37,18 @@ class _RpcError(Exception):
 def add_rpc(app: FastAPI, service: RigService) -> None:
     @app.post("/rpc")
     async def rpc(request: Request) -> Response:
+        media_type = not_json(request.headers.get("content-type"))
+        if media_type:
+            return JSONResponse(error_body(f"/rpc takes Content-Type: application/json, not {media_type!r}",
+                                           param="content-type", code="unsupported_media_type"), status_code=415)
         try:
             payload = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return JSONResponse(_error(None, PARSE_ERROR, f"parse error: {err}"))
+        broken = lone_surrogate_at(payload)
+        if broken:  # it could not even be echoed back (an `id`, a method name)
+            return JSONResponse(_error(None, INVALID_REQUEST, f"invalid request: a lone surrogate in {broken}: "
+                                       "text must be valid Unicode (UTF-8)"))
         if isinstance(payload, list):
             if not payload:
                 return JSONResponse(_error(None, INVALID_REQUEST, "an empty batch"))
@@ -75,7 +85,7 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
     if method == "rig.search":
         p = _params(SearchParams, params)
         queries = p.queries if p.queries is not None else ([p.query] if p.query is not None else None)
-        if not queries or not all(q.strip() for q in queries):
+        if not queries:  # each one given was checked by SearchParams
             raise _RpcError(INVALID_PARAMS, "invalid params: give a non-empty query or queries")
         hits = await asyncio.to_thread(service.search, queries, p.topk)
         result = [[{"id": h.chunk_id, "title": h.title, "text": h.text, "score": h.score} for h in q] for q in hits]

@@ -1,13 +1,17 @@
 """Request bodies as pydantic models: wrong types become a 422 that names the field.
 
 Unknown fields are ignored, as OpenAI's API does, so clients sending newer fields still work.
+Whatever passes validation can be answered: no NaN or infinity, text is valid Unicode (a lone
+surrogate cannot be encoded, so it would fail deep inside the run), integers fit in 64 bits, and
+a question or query that is empty once invisible characters are removed is refused.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import typing
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 __all__ = [
     "Options",
@@ -17,11 +21,51 @@ __all__ = [
     "RetrieveRequest",
     "AskParams",
     "SearchParams",
+    "MAX_QUERIES",
+    "lone_surrogate_at",
 ]
+
+MAX_QUERIES = 256  # queries in one /retrieve or rig.search call, so one request cannot hold the searcher long
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # int64: what torch and OpenAI-compatible servers take
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """Where in `value` (a JSON value) a string holds a lone surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return f"{path or 'the text'} (character {err.start})"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = lone_surrogate_at(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _holds_model(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_model(a) for a in typing.get_args(annotation))
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        # a nested request model checks its own fields (so the error names the innermost one)
+        nested = _holds_model(cls.model_fields[info.field_name].annotation) if info.field_name else False
+        probe = [v for v in value if not isinstance(v, dict)] if nested and isinstance(value, list) else value
+        if nested and isinstance(value, dict):
+            return value
+        found = lone_surrogate_at(probe)
+        if found:
+            raise ValueError(f"a lone surrogate in {found}: text must be valid Unicode (UTF-8)")
+        return value
 
 
 class Options(_Body):
@@ -29,7 +73,7 @@ class Options(_Body):
 
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Seed | None = None
     max_tokens: int | None = Field(None, ge=1, le=8192)
     max_rounds: int | None = Field(None, ge=0, le=32)
     top_k: int | None = Field(None, ge=1, le=100)
@@ -39,17 +83,37 @@ class Options(_Body):
     @field_validator("decider")
     @classmethod
     def _known_decider(cls, name: str | None) -> str | None:
-        from rigkit.deciders import DECIDERS
+        from rigkit.deciders import check_decider_name
 
-        if name is not None and name not in DECIDERS:
-            raise ValueError(f"unknown decider {name!r}; choose from {', '.join(sorted(DECIDERS))}")
-        return name
+        return None if name is None else _as_validation(check_decider_name, name)
 
 
 def _non_empty(value: str) -> str:
-    if not value.strip():
-        raise ValueError("the question is empty")
-    return value
+    from rigkit.text import check_question
+
+    return _as_validation(check_question, value)
+
+
+def _as_validation(check, value, *args):
+    """`check(value)`, its InputError raised as the plain ValueError pydantic reports as a 422."""
+    from rigkit.errors import InputError
+
+    try:
+        return check(value, *args)
+    except InputError as err:
+        raise ValueError(str(err)) from None
+
+
+def _check_query_text(query: str, what: str = "the query") -> str:
+    from rigkit.text import check_question
+
+    return check_question(query, what)
+
+
+def _queries_asked(queries: list[str] | None) -> list[str] | None:
+    for i, query in enumerate(queries or ()):
+        _as_validation(_check_query_text, query, f"query {i}")
+    return queries
 
 
 class ChatRequest(_Body):
@@ -123,7 +187,34 @@ class ChatCompletionRequest(_Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1, le=8192)
     max_completion_tokens: int | None = Field(None, ge=1, le=8192)
-    seed: int | None = None
+    seed: Seed | None = None
+    # OpenAI fields rigkit does not do: refused by name rather than ignored
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError(f"n={n}: rigkit answers with one choice per request; send n=1 (or several requests)")
+        return n
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported: a RIG answer's tokens come from several "
+                             "rounds; the per-round decider scores are in the response's `rig.rounds`")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if choice in (None, "auto", "none"):
+            return choice
+        raise ValueError(f"tool_choice {choice!r} is not supported: rigkit calls `search` when its decider "
+                         "finds a need; send 'auto' or 'none'")
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -133,8 +224,10 @@ class ChatCompletionRequest(_Body):
 class RetrieveRequest(_Body):
     """`POST /retrieve`: the retrieval-server shape of Search-R1-style stacks."""
 
-    queries: list[str] = Field(min_length=1, max_length=256)
+    queries: list[str] = Field(min_length=1, max_length=MAX_QUERIES)
     topk: int = Field(3, ge=1, le=100)
+
+    _check_queries = field_validator("queries")(_queries_asked)
 
 
 class AskParams(_Body):
@@ -151,5 +244,13 @@ class SearchParams(_Body):
     """JSON-RPC `rig.search` params: one `query` or several `queries`."""
 
     query: str | None = None
-    queries: list[str] | None = None
+    queries: list[str] | None = Field(None, min_length=1, max_length=MAX_QUERIES)
     topk: int = Field(3, ge=1, le=100)
+
+    _check_queries = field_validator("queries")(_queries_asked)
+
+    @field_validator("query")
+    @classmethod
+    def _query_asked(cls, query: str | None) -> str | None:
+        return None if query is None else _as_validation(_check_query_text, query)
+

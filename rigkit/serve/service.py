@@ -1,9 +1,9 @@
 """What every endpoint calls: one loaded model and index, reached through the usual controller.
 
-`RigService` builds its parts once with `rigkit.build.build_controller` and, per request, a
-controller over those same parts (`build_controller(config, generator=..., retriever=...)`), so
-the server runs exactly the loop `rigkit ask` runs: there is no second copy of it here. Model
-work goes through the `ModelWorker` (one thread, bounded queue); searches take their own lock.
+`RigService` loads its generator and retriever once through `rigkit.build` and, per request,
+builds a controller over those same parts (`build_controller(config, generator=...,
+retriever=...)`), so the server runs exactly the loop `rigkit ask` runs: there is no second copy
+of it here. Model work goes through the `ModelWorker` (one thread, bounded queue); searches take their own lock.
 
 Client-side tools: when a request declares a `search` tool, the retriever of its controller is a
 `_ToolResults` that answers from the `role: "tool"` messages and, when they run out, suspends the
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigkit.config import DeciderConfig, RunConfig
+from rigkit.controller import RoundCallback
 from rigkit.generation.protocol import SupportsReset
 from rigkit.serve.worker import Job, ModelWorker
 from rigkit.streaming import StreamEvent, TokenStream
@@ -105,12 +106,12 @@ class RigService:
     ):
         """Loads the index now, and the model now or (`load_model=False`) at the first question."""
         self.config = config
-        if retriever is None:
-            from rigkit.retrieval import open_retriever
+        from rigkit.build import build_generator, build_retriever
 
-            retriever = open_retriever(config.retrieval)
+        if retriever is None:
+            retriever = build_retriever(config.retrieval)
         if generator is None and load_model:
-            generator = _load_generator(config)
+            generator = build_generator(config.generator)
         self._search_lock = threading.Lock()
         # the worker's rounds and /retrieve, /rpc, MCP searches share the index: one at a time
         self._generator, self.retriever = generator, _LockedRetriever(retriever, self._search_lock)
@@ -127,14 +128,16 @@ class RigService:
         if self._generator is None:
             with self._load_lock:
                 if self._generator is None:
-                    self._generator = _load_generator(self.config)
+                    from rigkit.build import build_generator
+
+                    self._generator = build_generator(self.config.generator)
         return self._generator
 
     # -- names -----------------------------------------------------------------------------------
     def model_ids(self) -> list[str]:
         """Names a request may give as `model`: the configured name, and the loaded spec."""
         names = [self.model_name]
-        spec = getattr(self._generator, "spec", "")
+        spec = self._generator.spec if self._generator is not None else ""
         if spec and spec not in names:
             names.append(spec)
         return names
@@ -252,13 +255,6 @@ class RigService:
             self._pending.popitem(last=False)
 
 
-def _load_generator(config: RunConfig) -> Any:
-    """The generator `build_controller` would load for `config` (backend, device, dtype...)."""
-    from rigkit.generation import generator_from_config
-
-    return generator_from_config(config.generator)
-
-
 def round_summary(trace: RoundTrace) -> dict[str, Any]:
     """The `round` event: decision, query, hits, injected ids, budget (not the token lists)."""
     d, b = trace.decision, trace.budget
@@ -293,9 +289,12 @@ class _LockedRetriever:
             return many(queries, top_k) if many is not None else [self.inner.search(q, top_k) for q in queries]
 
 
-class _RoundSink:
+class _RoundSink(RoundCallback):
     def __init__(self, on_round: Callable[[RoundTrace], None]):
-        self.on_round_end = on_round
+        self.on_round = on_round
+
+    def on_round_end(self, round_trace: RoundTrace) -> None:
+        self.on_round(round_trace)
 
 
 class _ToolResults:
@@ -378,10 +377,7 @@ class _ReplayGenerator:
         if self.queue:
             segment = dataclasses.replace(self.queue.pop(0))
         else:
-            from rigkit.controller import _takes_on_token
-
-            kwargs = {"on_token": on_token} if on_token and _takes_on_token(self.inner) else {}
-            segment = self.inner.next_segment(prompt, stop, max_new_tokens, **kwargs)
+            segment = self.inner.next_segment(prompt, stop, max_new_tokens, on_token=on_token)
         self.produced.append(segment)
         return segment
 

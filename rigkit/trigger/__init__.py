@@ -6,6 +6,9 @@ split by question, threshold on dev) -> `save_trigger` / `load_trigger` (skops w
 allow-list) -> `evaluate_trigger` (classifier vs prob / entropy / keyword deciders on the same
 held-out labels) and `end_effect` (RIG answer quality with each decider). The trained file plugs
 into the controller as `rigkit.deciders.classifier.ClassifierDecider` (`trigger_decider(path)`).
+The file format and the features it is scored with live beside that decider
+(`rigkit.deciders.trigger_model`, `rigkit.deciders.trigger_features`), so a run opens the file
+without importing this package.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rigkit.config import DeciderConfig
 from rigkit.deciders.classifier import ClassifierDecider
-from rigkit.trigger.model import TriggerModel, load_trigger
+from rigkit.deciders.trigger_model import TriggerModel
 
 __all__ = ["trigger_decider"]
 
@@ -17,13 +18,18 @@ def trigger_decider(
     generator: Any | None = None,
     embedder: Any | None = None,
 ) -> ClassifierDecider:
-    """`trigger_decider("trigger.skops")`: load the file (or take the model) and wrap it.
+    """`trigger_decider("trigger.skops")`: the classifier decider over a file (or a loaded model).
 
-    `embedder` replaces the sentence-embedding model the file names; `generator` is checked now
-    when the model reads hidden states (else at the first decision, from the decision state).
+    A file goes through `rigkit.build.build_decider`, as `--trigger-model FILE` does. `embedder`
+    replaces the sentence-embedding model the file names; `generator` is checked now when the
+    model reads hidden states (else at the first decision, from the decision state).
     """
-    if not isinstance(model, TriggerModel):
-        model = load_trigger(model, embedder=embedder)
-    elif embedder is not None:
-        model.embedder = embedder
-    return ClassifierDecider(model, threshold=threshold, generator=generator)
+    if isinstance(model, TriggerModel):
+        if embedder is not None:
+            model.embedder = embedder
+        return ClassifierDecider(model, threshold=threshold, generator=generator)
+    from rigkit.build import build_decider
+
+    params = {"embedder": embedder} if embedder is not None else {}
+    config = DeciderConfig(name="classifier", trigger_model=str(model), threshold=threshold, params=params)
+    return build_decider(config, generator)

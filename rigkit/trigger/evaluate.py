@@ -338,10 +338,10 @@ def cross_set_table(result: dict[str, Any]) -> str:
 
 def _decider_scores(name: str, rows: list[LabelledSegment]) -> SignalScores:
     """A registered decider's score on stored segments (no generator: no extra model passes)."""
+    from rigkit.build import build_decider
     from rigkit.config import DeciderConfig
-    from rigkit.deciders import build_decider
 
-    decider = build_decider(DeciderConfig(name=name), generator=None)
+    decider = build_decider(DeciderConfig(name=name))
     scores, decisions, threshold = [], [], None
     for row in rows:
         state = DecisionState(question=row.question, round_index=row.index)

@@ -178,8 +178,8 @@ def build_labels(
     records, meta = _records(qa, limit, splits)
     meta.update(
         rule=rule, rules=RULE_DOCS, min_gain=min_gain, hidden=hidden,
-        generator=getattr(generator, "spec", type(generator).__name__),
-        generator_source=getattr(generator, "source", None),
+        generator=generator.spec or type(generator).__name__,
+        generator_source=generator.source,
         generator_weights=_weights_fingerprint(generator),
         generator_config=config.to_dict()["generator"], complete=False,
     )
@@ -217,7 +217,7 @@ def resumable(path: str | Path, qa: str | Path, generator: Any) -> LabelSet | No
         return None
     data_hash = "sha256:" + hashlib.sha256(Path(qa).read_bytes()).hexdigest()[:16]
     same = (old.meta.get("data_hash") == data_hash
-            and old.meta.get("generator") == getattr(generator, "spec", None))
+            and old.meta.get("generator") == generator.spec)
     return old if same and old.meta.get("complete") is False else None
 
 

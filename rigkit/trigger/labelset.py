@@ -118,37 +118,31 @@ def load_labels(path: str | Path) -> LabelSet:
     if not path.exists():
         raise InputError(f"labels file not found: {path}")
     if path.suffix.lower() in (".csv", ".tsv"):
-        return _load_table(path)
-    with path.open(encoding="utf-8") as fh:
-        first = fh.readline()
+        return _load_table(path, list(_csv_records(path)))
     try:
-        head = json.loads(first) if first.strip() else None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}:1: not JSON ({err.msg}); use .csv for a CSV table") from None
-    if isinstance(head, dict) and "_meta" in head:
-        return _load_rigkit(path)
-    return _load_table(path)
+        records = list(iter_jsonl(path, error=InputError))
+    except InputError as err:
+        raise InputError(f"{err}; a CSV table needs a .csv or .tsv name") from None
+    if records and "_meta" in records[0][1]:
+        return _load_rigkit(path, records)
+    return _load_table(path, [(i, {str(k).lower(): v for k, v in rec.items()}) for i, rec in records])
 
 
-def _load_rigkit(path: Path) -> LabelSet:
+def _load_rigkit(path: Path, records: list[tuple[int, dict[str, Any]]]) -> LabelSet:
+    meta = records[0][1]["_meta"]
+    if int(meta.get("format", 1)) > LABELS_FORMAT:
+        raise InputError(f"{path}: labels format {meta['format']} is newer than this rigkit")
     rows: list[LabelledSegment] = []
-    with path.open(encoding="utf-8") as fh:
-        meta = json.loads(fh.readline())["_meta"]
-        if int(meta.get("format", 1)) > LABELS_FORMAT:
-            raise InputError(f"{path}: labels format {meta['format']} is newer than this rigkit")
-        for lineno, line in enumerate(fh, start=2):
-            if not line.strip():
-                continue
-            try:
-                rows.append(LabelledSegment(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as err:
-                raise InputError(f"{path}:{lineno}: not a labelled segment ({err})") from None
+    for lineno, record in records[1:]:
+        try:
+            rows.append(LabelledSegment(**record))
+        except TypeError as err:
+            raise InputError(f"{path}:{lineno}: not a labelled segment ({err})") from None
     return LabelSet(rows, meta, str(path))
 
 
-def _load_table(path: Path) -> LabelSet:
+def _load_table(path: Path, records: list[tuple[int, dict[str, Any]]]) -> LabelSet:
     """Bring-your-own labels: each row is a segment; rows without `qid` are their own group."""
-    records = list(_read_records(path))
     if not records:
         raise InputError(f"{path}: no rows")
     rows = []
@@ -175,15 +169,12 @@ def _load_table(path: Path) -> LabelSet:
     return LabelSet(rows, meta, str(path))
 
 
-def _read_records(path: Path):
-    if path.suffix.lower() in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as fh:
-            delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-            for i, rec in enumerate(csv.DictReader(fh, delimiter=delimiter), start=2):
-                yield i, {k.strip().lower(): v for k, v in rec.items() if k}
-        return
-    for i, rec in iter_jsonl(path, error=InputError):
-        yield i, {str(k).lower(): v for k, v in rec.items()}
+def _csv_records(path: Path):
+    """(line number, row with lower-case column names) of a CSV or TSV table."""
+    with path.open(encoding="utf-8", newline="") as fh:
+        delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+        for i, rec in enumerate(csv.DictReader(fh, delimiter=delimiter), start=2):
+            yield i, {k.strip().lower(): v for k, v in rec.items() if k}
 
 
 def _parse_label(value: Any, where: str) -> int:

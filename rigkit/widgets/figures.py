@@ -32,10 +32,8 @@ _COLORS = {
 
 
 def _go() -> Any:
-    try:
-        import plotly.graph_objects as go
-    except ImportError as exc:  # pragma: no cover - plotly is a core dependency
-        raise ImportError("rigkit.widgets needs plotly: pip install 'rigkit[notebooks]'") from exc
+    import plotly.graph_objects as go  # imported when a figure is drawn: it takes a while
+
     return go
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from rigkit.markers import find_markers
 from rigkit.markers.parsing import TagSpec  # a word tag or a whole MarkerProtocol
-from rigkit.trace import Decision, Hit, Injection, Query, RoundTrace, Segment, Span
+from rigkit.trace import Action, Decision, Hit, Injection, Query, RoundTrace, Segment, Span
 from rigkit.widgets.figures import score_cut  # pure; plotly is imported only inside figures
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 
 # Rounds whose segment did not stay in the answer: it was dropped and written again after
 # retrieval (FLARE-style "regenerate"). "skip" (no retrieval rounds left) keeps its segment.
-DISCARDED_ACTIONS = frozenset({"regenerate"})
+DISCARDED_ACTIONS = frozenset({Action.REGENERATE})
 
 _RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf")
 BOX_STYLE = "font-family:system-ui,sans-serif;font-size:13px;line-height:1.6;"
@@ -163,7 +163,7 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
     # a "restore" round puts the previous round's flagged segment back into the answer
-    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action == "restore"}
+    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action == Action.RESTORE}
     parts = [
         segment_html(r.segment, (), marker_tag)
         for i, r in enumerate(rounds[:index])

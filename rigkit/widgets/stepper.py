@@ -21,6 +21,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from rigkit.controller import RoundCallback
 from rigkit.markers import MarkerProtocol, MarkerProtocolError, resolve_protocol
 from rigkit.trace import RIGResult, RoundTrace
 from rigkit.widgets import figures, render, summary
@@ -29,15 +30,10 @@ __all__ = ["RoundStepper", "ControllerFactory", "decider_names", "config_factory
 
 ControllerFactory = Callable[[str, "float | None"], Any]
 
-_FALLBACK_DECIDERS = ("prob", "entropy", "marker", "keyword", "always", "never")
-
-
 def decider_names() -> list[str]:
-    """Registered decider names (rigkit.deciders.DECIDERS), or a short list if not importable."""
-    try:
-        from rigkit.deciders import DECIDERS
-    except ImportError:
-        return list(_FALLBACK_DECIDERS)
+    """Registered decider names (rigkit.deciders.DECIDERS)."""
+    from rigkit.deciders import DECIDERS
+
     return sorted(DECIDERS)
 
 
@@ -328,7 +324,7 @@ class RoundStepper(W.VBox):
             self.budget_plot.layout.annotations = fresh.layout.annotations
 
 
-class _WritingPane:
+class _WritingPane(RoundCallback):
     """Controller callback: shows the segment's raw tokens while the model writes them."""
 
     def __init__(self, pane: W.HTML):

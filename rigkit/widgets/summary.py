@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rigkit.trace import RIGResult, RoundTrace
+from rigkit.trace import Action, RIGResult, RoundTrace
 from rigkit.widgets.render import BOX_STYLE, MUTED_STYLE, esc, fmt
 
 __all__ = [
@@ -62,11 +62,11 @@ def timings_html(timings: dict[str, float]) -> str:
 # ------------------------------------------------------------------------------ round / answer
 # What each round action did to the answer (hover text of the header's action).
 ACTION_MEANINGS = {
-    "accept": "no retrieval: the segment stays in the answer",
-    "continue": "retrieved: the segment stays and the answer goes on after the passages",
-    "regenerate": "retrieved: the segment is dropped and written again with the passages",
-    "skip": "no retrieval rounds left: the segment stays, the answer finishes from the context",
-    "restore": "the model ended its turn after the passages: the flagged segment is kept",
+    Action.ACCEPT: "no retrieval: the segment stays in the answer",
+    Action.CONTINUE: "retrieved: the segment stays and the answer goes on after the passages",
+    Action.REGENERATE: "retrieved: the segment is dropped and written again with the passages",
+    Action.SKIP: "no retrieval rounds left: the segment stays, the answer finishes from the context",
+    Action.RESTORE: "the model ended its turn after the passages: the flagged segment is kept",
 }
 
 

@@ -1,0 +1,60 @@
+"""Marker protocol files that would break a run are refused in one line, before any model loads:
+huge tags (slow to compile into parsers), empty `strip` entries (which space out every letter),
+tags that repeat each other or hold no letter (a tag of "." matches every sentence end)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rigkit.markers import PRESETS, MarkerProtocolError, openrig_style, resolve_protocol
+from rigkit.markers.protocol import MAX_TAG_CHARS
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (f"name: q\nopen: '<{'a' * 10_000}>'\nclose: '</a>'\n", f"at most {MAX_TAG_CHARS}"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\nstrip: ['']\n", "strip[0] is empty"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\nstrip: ['[x]', '  ']\n", "strip[1] is empty"),
+        (f"name: q\nopen: '<q>'\nclose: '</q>'\nstrip: ['{'x' * 100}']\n", "strip[0] is 100 characters"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\nanswer_open: '<q>'\nanswer_close: '</a>'\n",
+         "open and answer_open tags must differ"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\nresults: inline\nresults_open: '<Q>'\nresults_close: '</i>'\n",
+         "open and results_open tags must differ"),  # tags are matched regardless of case
+        ("name: q\nopen: '.'\n", "open '.' holds no letter or digit"),
+        ("name: q\nopen: '<q>'\nclose: '<>'\n", "close '<>' holds no letter or digit"),
+    ],
+    ids=["huge-tag", "empty-strip", "blank-strip", "long-strip", "answer-is-search", "case-only", "dot", "no-letter"],
+)
+def test_protocol_files_that_would_break_a_run_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content, encoding="utf-8")
+    started = time.perf_counter()
+    with pytest.raises(MarkerProtocolError) as err:
+        resolve_protocol(str(path))
+    assert message in str(err.value) and "\n" not in str(err.value) and str(path) in str(err.value)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_huge_marker_tag_is_refused_at_once():
+    started = time.perf_counter()
+    with pytest.raises(MarkerProtocolError, match=f"at most {MAX_TAG_CHARS}"):
+        openrig_style("r" * 10_000)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_the_presets_pass_the_checks():
+    for preset in PRESETS.values():
+        assert all(len(tag) <= MAX_TAG_CHARS for tag in preset.tags + preset.strip)
+
+
+def test_cli_refuses_an_empty_strip_entry_before_loading_a_model(tmp_path, capsys):
+    from rigkit.cli import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: q\nopen: '<q>'\nclose: '</q>'\nstrip: ['']\n", encoding="utf-8")
+    assert main(["ask", "Who?", "--marker-protocol", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "strip[0] is empty" in err and err.count("\n") == 1
