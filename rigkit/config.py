@@ -72,7 +72,7 @@ class GeneratorConfig:
     api_key_env: str | None = None  # name of the environment variable holding the API key
     tokenizer: str | None = None  # the served model's tokenizer (name or path); null = generator.model
     top_logprobs: int = 20  # top-k log-probabilities per token (vLLM caps at --max-logprobs)
-    request_timeout: float = 120.0  # seconds per request
+    request_timeout: float = 120.0  # seconds a whole call may take (retries and the streamed answer included)
     max_retries: int = 4  # on connection errors, 429, 502, 503 and 504, with backoff (Retry-After honoured)
 
 

@@ -12,7 +12,12 @@ user message of its own: still appended, so the KV cache is reused the same way.
 
 Passages are de-duplicated by chunk id and by a content fingerprint, capped per passage, kept
 within `max_retrieval_tokens` (evicting those least related to the draft), and sanitised so that
-no passage can open or close a retrieval marker.
+no passage can open or close a retrieval marker or plant a citation. Every retriever's hits pass
+the same checks here, where they enter the context, so a remote retrieval server or a notebook's
+own retriever cannot skip what a local corpus is held to: an id the corpus would refuse
+(`check_doc_id`: `[[`/`]]`, control characters, over-long) is replaced by a stable stand-in
+(`passage-<hash>`, the original kept in `metadata["original_id"]`), and titles and texts are
+defused when rendered.
 
 Budgets are the same for every system: `max_retrieval_tokens` bounds the tokens the passages
 occupy as the model reads them (citation ids, titles, texts, the header and turn tokens of their
@@ -24,11 +29,14 @@ by evicting injected passages, and refuses with an `InputError` when that is not
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, ContextConfig
+from rigkit.corpus import check_doc_id
 from rigkit.errors import InputError
 from rigkit.markers import (
     MarkerProtocol,
@@ -48,7 +56,9 @@ from rigkit.text import detect_language, neutralize_citations
 from rigkit.trace import Hit, Injection, Segment, TokenBudget
 from rigkit.transcript import Piece, plain_spans
 
-__all__ = ["ContextManager", "fingerprint", "near_duplicate"]
+__all__ = ["ContextManager", "fingerprint", "near_duplicate", "held_to_corpus_rules"]
+
+log = logging.getLogger(__name__)
 
 _SENTINEL = "\u2063RIGKIT\u2063"  # marks where the draft goes when slicing the chat template
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -60,6 +70,22 @@ def fingerprint(text: str) -> frozenset[str]:
     if len(words) < 4:
         return frozenset([" ".join(words)])
     return frozenset(" ".join(words[i : i + 4]) for i in range(len(words) - 3))
+
+
+def held_to_corpus_rules(hit: Hit) -> Hit:
+    """`hit` with ids a corpus would accept: an unusable chunk or document id (one that could
+    close a citation tag, break a line or hide in a terminal) becomes `passage-<hash>`."""
+    fixes = {}
+    for name in ("chunk_id", "doc_id"):
+        value = getattr(hit, name)
+        if check_doc_id(value) is not None:
+            fixes[name] = "passage-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    if not fixes:
+        return hit
+    log.warning("a retrieved passage's id %s (%s) was replaced by %s", ascii(hit.chunk_id)[:80],
+                check_doc_id(hit.chunk_id) or check_doc_id(hit.doc_id), fixes.get("chunk_id", hit.chunk_id))
+    metadata = {**hit.metadata, "original_id": hit.chunk_id}
+    return replace(hit, **fixes, metadata=metadata)
 
 
 def near_duplicate(a: frozenset[str], b: frozenset[str], threshold: float = 0.8) -> bool:
@@ -317,7 +343,7 @@ class ContextManager:
     def _admit(self, hits: list[Hit], injection: Injection) -> list[Hit]:
         """New, non-duplicate passages, each capped to `max_passage_tokens`."""
         admitted = []
-        for hit in hits:
+        for hit in map(held_to_corpus_rules, hits):
             shingles = fingerprint(hit.text)
             if hit.chunk_id in self._fingerprints or any(
                 near_duplicate(shingles, other) for other in self._fingerprints.values()

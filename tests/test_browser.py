@@ -26,12 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import hang_limit
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 README_IMAGE = ROOT / "docs" / "img" / "round_stepper.png"
 NOTEBOOK = os.environ.get("RIGKIT_BROWSER_NOTEBOOK", "notebooks/01_quickstart.ipynb")
 TOKEN = "rigkit-browser-test"
-RUN_TIMEOUT_S = 420  # all cells on 2 cores, model load included
+RUN_TIMEOUT_S = hang_limit(60)  # all cells on 2 cores, model load included
 
 pytestmark = pytest.mark.browser
 
@@ -85,7 +87,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + hang_limit(15)
         while True:
             with contextlib.suppress(OSError):
                 _get_json(f"{url}/api/status?token={TOKEN}")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import hang_limit
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("openai")
 pytest.importorskip("mcp")
@@ -57,7 +59,7 @@ def server(tmp_path_factory):
         cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + hang_limit(30)  # imports, model and index load
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log.seek(0)

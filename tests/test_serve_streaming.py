@@ -118,3 +118,74 @@ def test_a_turn_that_starts_after_passages_is_joined_like_the_draft():
     stream.on_round_end(SimpleNamespace(draft="First. Second one."))
     assert all(e.kind == "token" for e in events)
     assert "".join(e.text for e in events) == "First. Second one."
+
+
+# -- the OpenAI-compatible stream with `stop`, read by the official SDK ------------------------
+FULL_ANSWER = "Paris is the capital of France. The Eiffel Tower is 330 metres tall."
+
+
+@pytest.fixture
+def sdk():
+    """(official openai SDK client, service) over the scripted app, in-process."""
+    pytest.importorskip("fastapi")
+    from rigkit.serve.app import create_app
+    from tests.test_serve_protocol import (
+        LoopingScript,
+        local_client,
+        make_service,
+        script,
+        sdk_client,
+    )
+
+    segments = script()
+    for segment in segments:
+        segment.tokens_prefilled = 40  # as a model reports the prompt it read
+    service = make_service(generator=LoopingScript(segments))
+    with local_client(create_app(service, mcp=False)) as client:
+        yield sdk_client(client), service
+
+
+def _plain_and_streamed(sdk, stop, **stream_options):
+    client, service = sdk
+    ask = {"model": service.model_name, "messages": [{"role": "user", "content": "How tall is the Eiffel Tower?"}],
+           "stop": stop}
+    plain = client.chat.completions.create(**ask)
+    return plain, list(client.chat.completions.create(**ask, stream=True, **stream_options))
+
+
+@pytest.mark.parametrize(
+    ("stop", "shown"),
+    [
+        (["capital of"], "Paris is the "),  # the stop string spans two streamed pieces
+        (["s the cap"], "Paris i"),  # ... and starts inside one
+        (["capital city"], FULL_ANSWER),  # "capital" looked like its start: held, then sent
+        (["tall. The end"], FULL_ANSWER),  # the answer ends on a stop string's start: sent at the end
+    ],
+)
+def test_a_streamed_stop_string_never_leaks_and_the_stream_matches_the_answer(sdk, stop, shown):
+    plain, chunks = _plain_and_streamed(sdk, stop)
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == shown
+    content = plain.choices[0].message.content  # the same text, with citation tags when whole
+    assert content == shown if shown != FULL_ANSWER else content.startswith(FULL_ANSWER)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+
+
+@pytest.mark.parametrize("stop", [None, ["capital of"]])
+def test_streamed_usage_is_the_non_streamed_usage(sdk, stop):
+    plain, chunks = _plain_and_streamed(sdk, stop, stream_options={"include_usage": True})
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+    assert usage.model_dump() == plain.usage.model_dump()
+    assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_the_stop_hold_back_is_the_longest_end_that_starts_a_stop_string():
+    from rigkit.serve.openai_compat import stop_prefix_length
+
+    assert stop_prefix_length("Paris is the capital", ["capital of"]) == len("capital")
+    assert stop_prefix_length("Paris is the capital", ["capital of", "the capital city"]) == len("the capital")
+    assert stop_prefix_length("Paris is the", ["capital"]) == 0
+    assert stop_prefix_length("xa", ["b", "abc"]) == 1  # a one-character stop string is never held
+    assert stop_prefix_length("", ["x"]) == 0

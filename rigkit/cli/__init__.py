@@ -101,11 +101,17 @@ def check_text(text: str, what: str = "the question") -> str:
 
 
 def check_model_path(spec: str | None) -> None:
-    """A `--model` that is a local folder must hold a transformers model (config + weights)."""
+    """A `--model` that is a local folder must hold a transformers model (config + weights) or a
+    LoRA adapter (`adapter_config.json`, onto the base it names); `BASE+ADAPTER` must name the
+    adapter's own base."""
     from pathlib import Path
 
     from rigkit.errors import InputError
+    from rigkit.generation.adapters import adapter_spec, is_adapter_dir
 
+    if spec and ("+" in spec or is_adapter_dir(spec)):
+        if adapter_spec(spec) is not None:  # refuses an unknown adapter or another base here
+            return
     if not spec or not Path(spec).exists():
         return
     folder = Path(spec)

@@ -7,6 +7,7 @@ import os
 import sys
 
 from rigkit.errors import InputError
+from rigkit.serve.shutdown import DRAIN_SECONDS  # a constant; the server itself loads lazily
 
 __all__ = ["register"]
 
@@ -17,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--max-queue", type=int, default=8, help="requests waiting for the model before 429")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=DRAIN_SECONDS, metavar="SECONDS",
+                   help="on SIGTERM, how long in-flight requests may run on before they are cut "
+                        f"(default {DRAIN_SECONDS:g}; a second signal exits at once)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413")
     p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every route")
     p.add_argument("--no-mcp", action="store_true", help="do not mount the MCP server under /mcp")
@@ -30,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("mcp", help="an MCP server over stdio with the search and ask tools")
     _common(m)
     m.set_defaults(func=run_mcp)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)  # a ValueError is argparse's "invalid value" line
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (>= 0)")
+    return value
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -62,10 +73,11 @@ def _service(args: argparse.Namespace, load_model: bool = True, config=None):
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here so a missing extra is one line, before loading
 
         from rigkit.serve.app import create_app
         from rigkit.serve.exposure import Exposure, is_loopback
+        from rigkit.serve.shutdown import draining_server
     except ImportError as err:
         raise InputError(f"rigkit serve needs the serve extra: pip install 'rigkit[serve]' ({err})") from err
     api_key = None
@@ -84,8 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
     service = _service(args, config=config)
     app = create_app(service, api_key=api_key, max_body_bytes=args.max_body_bytes, mcp=not args.no_mcp,
                      host=args.host, exposure=exposure)
-    server = _draining_server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                             access_log=False, timeout_graceful_shutdown=None), service)
+    server = draining_server(app, service, host=args.host, port=args.port, drain_seconds=args.shutdown_timeout)
     print(f"rigkit serve: http://{args.host}:{args.port} (model {service.model_name})", file=sys.stderr, flush=True)
     server.run()
     return 0
@@ -113,15 +124,3 @@ def run_mcp(args: argparse.Namespace) -> int:
     build_mcp(service).run("stdio")
     return 0
 
-
-def _draining_server(config, service):
-    """A uvicorn server that, on SIGTERM/SIGINT, refuses new requests (503), finishes in-flight
-    ones (uvicorn waits for open connections), then exits."""
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            service.worker.drain()
-            super().handle_exit(sig, frame)
-
-    return DrainingServer(config)

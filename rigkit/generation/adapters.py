@@ -4,6 +4,11 @@
 is the folder `smollm2-135m-instruct-markers`). The adapter is merged into the base weights
 after loading, so the generator is a plain transformers model again: the KV cache, per-token
 probabilities and attention read-outs work exactly as without it.
+
+An adapter is merged only onto the base model its `adapter_config.json` names: LoRA deltas
+trained on one model load without complaint onto another of the same shape and make it worse,
+so `OTHER+adapter` is refused naming both. Names match across spellings of one model (the short
+name `smollm2-135m-instruct` and its hub id, a hub id and a local folder of the same name).
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rigkit.errors import ModelNotFoundError
+from rigkit.errors import InputError, ModelNotFoundError
 
-__all__ = ["ADAPTERS_DIR", "shipped_adapters", "adapter_spec", "load_with_adapter"]
+__all__ = ["ADAPTERS_DIR", "shipped_adapters", "is_adapter_dir", "adapter_spec", "adapter_base",
+           "same_base", "load_with_adapter"]
 
 ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "resources" / "adapters"
 _CONFIG = "adapter_config.json"
@@ -32,13 +38,44 @@ def _is_adapter_dir(path: Path) -> bool:
     return path.is_dir() and (path / _CONFIG).exists()
 
 
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether `path` is a LoRA adapter folder (it holds an `adapter_config.json`)."""
+    return _is_adapter_dir(Path(path).expanduser())
+
+
+def adapter_base(adapter_dir: Path) -> str:
+    """The base model the adapter's config names ("" when it names none)."""
+    config = adapter_dir / _CONFIG
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{config}: not a readable adapter config ({type(err).__name__})") from None
+    base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
+    return base if isinstance(base, str) else ""
+
+
+def same_base(a: str, b: str) -> bool:
+    """Whether two model specs name the same model (short name, hub id, or a folder of that name)."""
+    from rigkit.generation.loading import DEFAULT_HUB_ID, DEFAULT_MODEL
+
+    def key(spec: str) -> str:
+        spec = spec.strip().rstrip("/\\")
+        spec = DEFAULT_HUB_ID if spec.lower() == DEFAULT_MODEL else spec
+        return spec.replace("\\", "/").rsplit("/", 1)[-1].lower()
+
+    return key(a) == key(b)
+
+
 def adapter_spec(spec: str) -> tuple[str, Path] | None:
-    """(base spec, adapter folder) when `spec` names an adapter, else None."""
+    """(base spec, adapter folder) when `spec` names an adapter, else None.
+
+    An adapter folder alone loads onto the base its config names; `BASE+adapter` must name that
+    base (else `InputError`, naming both)."""
     path = Path(spec).expanduser()
     if path.exists():
         if not _is_adapter_dir(path):
             return None
-        base = json.loads((path / _CONFIG).read_text()).get("base_model_name_or_path") or ""
+        base = adapter_base(path)
         if not base:
             raise ModelNotFoundError(f"{path}/{_CONFIG} names no base model; use BASE+{path}")
         return base, path
@@ -47,6 +84,12 @@ def adapter_spec(spec: str) -> tuple[str, Path] | None:
     base, name = spec.rsplit("+", 1)
     for candidate in (Path(name).expanduser(), ADAPTERS_DIR / f"{base}-{name}", ADAPTERS_DIR / name):
         if _is_adapter_dir(candidate):
+            trained_on = adapter_base(candidate)
+            if trained_on and not same_base(base, trained_on):
+                raise InputError(
+                    f"the adapter {candidate} was trained on {trained_on!r}, not on {base!r}: load it as "
+                    f"{trained_on}+{name} (or give the folder alone)"
+                )
             return base, candidate
     known = ", ".join(shipped_adapters()) or "none"
     raise ModelNotFoundError(

@@ -6,6 +6,9 @@ each segment continues the open assistant turn as a plain completion, so the ser
 re-renders the conversation. Concessions, each recorded in `source` (and so in every result):
 - Prompts are token ids where the server takes them (vLLM: text is never re-tokenised
   differently), else text (llama.cpp's server takes only strings). Which one is probed once.
+  A text prompt is tokenised by the server with special tokens parsed anywhere, so the
+  special-token strings in its data (passages, the question) are broken up first
+  (`rigkit.generation.text_prompts`): passages stay data, as in-process.
 - The stop rule is the in-process one (`find_stop`) applied to the streamed text, cutting at the
   first match and closing the stream, so both backends split an answer at the same places.
   Stop strings (at most 4: OpenAI's limit) go to the server only where it keeps them in the
@@ -34,7 +37,6 @@ piece cache and the one-time server probe sit behind a lock.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -43,8 +45,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
-from rigkit.errors import InputError, RigkitError
+from rigkit.errors import InputError
+from rigkit.generation.server_replies import (
+    ServerError,
+    read_event,
+    read_json,
+    served_models,
+    token_scores,
+    usage_count,
+)
 from rigkit.generation.stops import find_stop
+from rigkit.generation.text_prompts import neutralize_special_tokens, special_strings, text_prompt
 from rigkit.http import ServerClient
 from rigkit.trace import Segment
 from rigkit.transcript import Piece, StopRule, decode_keeping, encode_transcript, kept_tag_ids
@@ -55,10 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIGenerator", "ServerError", "truncated_entropy"]
 
 MAX_STOP_STRINGS = 4
-
-
-class ServerError(RigkitError, ConnectionError):
-    """The model server is unreachable, refuses the request, or does not serve the model."""
 
 
 @dataclass
@@ -108,6 +115,7 @@ class OpenAIGenerator:
         self._server: _Server | None = None
         self._piece_ids: dict[str, list[int]] = {}
         self._special_tags_at_risk = False  # kept tags are special tokens the server may skip
+        self._specials = special_strings(tokenizer)  # broken up in the data of text prompts
         self.eos_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
     @classmethod
@@ -131,7 +139,8 @@ class OpenAIGenerator:
     def source(self) -> str:
         """How this backend produced its numbers, for the result's `model.source`."""
         server = self._server
-        prompts = "?" if server is None else "token-id prompts" if self._token_prompts(server) else "text prompts"
+        prompts = "?" if server is None else "token-id prompts" if self._token_prompts(server) else (
+            "text prompts, special-token strings in passages and questions broken up")
         stops = "?" if server is None else "server stop strings + stop rule" if server.vllm else "stop rule on the stream"
         tags = "; special-token marker tags may be dropped by this server" if self._special_tags_at_risk else ""
         return (
@@ -149,7 +158,7 @@ class OpenAIGenerator:
         tokens = self._token_prompts(server)
         body: dict[str, Any] = {
             "model": self.spec,
-            "prompt": ids if tokens else "".join(p.text for p in prompt),
+            "prompt": ids if tokens else text_prompt(prompt, self._specials),
             "max_tokens": max_new_tokens,
             "logprobs": self.top_logprobs,
             "stream": True,
@@ -196,8 +205,11 @@ class OpenAIGenerator:
             text="".join(texts[:keep]), tokens=texts[:keep], token_ids=token_ids[:keep],
             logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
         )
-        cached = _cached_tokens(usage)
-        prompt_len = int(usage.get("prompt_tokens", len(ids))) if usage else len(ids)
+        where = f"the model server at {self.base_url}/completions"
+        cached = usage_count((usage or {}).get("prompt_tokens_details") or {}, "cached_tokens", where,
+                             "usage.prompt_tokens_details")
+        prompt_len = usage_count(usage, "prompt_tokens", where)
+        prompt_len = len(ids) if prompt_len is None else prompt_len
         segment.tokens_reused = cached
         segment.tokens_prefilled = prompt_len - (cached or 0)
         return segment
@@ -205,10 +217,15 @@ class OpenAIGenerator:
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
         """One greedy helper reply (e.g. a query rewrite) through the same completions endpoint."""
         self._probe()
-        text = self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        content = neutralize_special_tokens(prompt, self._specials)  # sent as text: the server parses it
+        text = self.render_chat([{"role": "user", "content": content}], add_generation_prompt=True)
         body = {"model": self.spec, "prompt": text, "max_tokens": max_new_tokens, "temperature": 0.0}
-        reply = self._client.request("POST", "/completions", body).json()
-        return (reply.get("choices") or [{}])[0].get("text", "").strip()
+        where = f"the model server at {self.base_url}/completions"
+        reply = read_event(read_json(self._client.request("POST", "/completions", body).text, where), where)
+        text = ((reply.get("choices") or [{}])[0]).get("text", "")
+        if not isinstance(text, str):
+            raise ServerError(f"{where} sent the text {text!r} where a string belongs")
+        return text.strip()
 
     def count_tokens(self, text: str) -> int:
         return len(self._piece_tokens(text))
@@ -230,15 +247,15 @@ class OpenAIGenerator:
     def _read_choice(self, choice: dict, server: _Server, keep: frozenset[int], texts: list,
                      token_ids: list, logprobs: list, entropies: list) -> None:
         lp = choice.get("logprobs")
-        if not lp or lp.get("tokens") is None:
+        if not lp or (isinstance(lp, dict) and lp.get("tokens") is None):
             if choice.get("text"):
                 raise ServerError(
                     f"the model server at {self.base_url} returned no log-probabilities; rigkit needs "
                     "them (llama.cpp's server: start it with --logits_all true)"
                 )
             return
-        tokens, values = lp["tokens"], lp.get("token_logprobs") or []
-        tops = lp.get("top_logprobs") or [None] * len(tokens)
+        scores = token_scores(lp, f"the model server at {self.base_url}/completions")
+        tokens = scores.tokens
         if server.vllm:
             new_ids = [_token_id(t) for t in tokens]
             texts.extend(self._texts_of(token_ids, new_ids, keep))
@@ -246,8 +263,8 @@ class OpenAIGenerator:
         else:
             texts.extend(tokens)
             token_ids.extend(self._id_of(t) for t in tokens)
-        logprobs.extend(float(v) if v is not None else 0.0 for v in values)
-        entropies.extend(truncated_entropy(list((top or {}).values())) for top in tops)
+        logprobs.extend(scores.logprobs)
+        entropies.extend(truncated_entropy(top) for top in scores.tops)
 
     def _texts_of(self, before: list[int], new_ids: list[int], keep: frozenset[int]) -> list[str]:
         """Per-token text of `new_ids` following `before` (multi-byte safe, like the HF backend)."""
@@ -290,7 +307,8 @@ class OpenAIGenerator:
         """Once: list the served models, check ours is among them, and learn the server kind."""
         with self._lock:
             if self._server is None:
-                data = self._client.request("GET", "/models").json().get("data") or []
+                where = f"the model server at {self.base_url}/models"
+                data = served_models(read_json(self._client.request("GET", "/models").text, where), where)
                 names = [str(m.get("id")) for m in data]
                 if names and self.spec not in names:
                     raise ServerError(
@@ -302,22 +320,25 @@ class OpenAIGenerator:
 
     def _stream(self, path: str, body: dict) -> Iterator[dict]:
         """Parsed server-sent events of a streamed completion, until `[DONE]` or the caller stops."""
-        response = self._client.request("POST", path, body, stream=True)
+        where = f"the model server at {self.base_url}{path}"
+        lines = self._client.stream_lines("POST", path, body)
+        finished, events = False, 0
         try:
-            for line in response.iter_lines():
+            for line in lines:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
                     return
-                event = json.loads(data)
-                if "error" in event:
-                    raise ServerError(f"the model server at {self.base_url}{path} failed: {event['error']}")
+                event = read_event(read_json(data, where), where)
+                finished = finished or any(c.get("finish_reason") for c in event.get("choices") or [])
+                events += 1
                 yield event
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ServerError(f"the model server at {self.base_url}{path} sent an unreadable stream: {err}") from None
         finally:
-            response.close()
+            lines.close()
+        if not finished:  # neither `[DONE]` nor a finish reason: the answer was cut off
+            raise ServerError(f"{where} ended its stream before the answer ended (after {events} events, "
+                              "no finish_reason and no [DONE])")
 
 
 def truncated_entropy(top_logprobs: Sequence[float]) -> float:
@@ -371,9 +392,10 @@ def _pieces_upto(texts: list[str], cut: int) -> int:
 
 def _token_id(token: str) -> int:
     """vLLM's `token_id:123` form (`return_tokens_as_token_ids`)."""
-    if not token.startswith("token_id:"):
+    number = token.removeprefix("token_id:")
+    if number == token or not number.isdigit():
         raise ServerError(f"expected a token id from the server, got {token!r}")
-    return int(token.removeprefix("token_id:"))
+    return int(number)
 
 
 def _usage_after(events: Iterator[dict], limit: int) -> dict | None:
@@ -386,8 +408,3 @@ def _usage_after(events: Iterator[dict], limit: int) -> dict | None:
             return None
     return None
 
-
-def _cached_tokens(usage: dict | None) -> int | None:
-    details = (usage or {}).get("prompt_tokens_details") or {}
-    value = details.get("cached_tokens")
-    return int(value) if value is not None else None

@@ -4,11 +4,15 @@ The request/response shape is that of the retrieval servers Search-R1-style trai
 evaluation stacks use: `{"queries": [...], "topk": k}` in, `{"result": [[{id, title, text, score},
 ...], ...]}` out (one list per query), so many generation workers can share one index server.
 Requests go through `rigkit.http`: one client, retries on connection errors and busy answers.
+A hit that is not an object with text and a numeric score is an error naming the server. What
+the hits say is the server's to choose: their ids and texts pass the context manager's checks
+like every retriever's (`rigkit.context.held_to_corpus_rules`), not a check of their own here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -64,16 +68,30 @@ class RemoteRetriever:
             raise RemoteRetrievalError(
                 f"the retrieval server at {self.url} answered something else than {{'result': [one list per query]}}"
             )
-        return [[_hit(item) for item in hits] for hits in result]
+        if not all(isinstance(hits, list) for hits in result):
+            raise RemoteRetrievalError(f"the retrieval server at {self.url} answered a result that is not a list of hits")
+        return [[self._hit(item) for item in hits] for hits in result]
+
+    def _hit(self, item: Any) -> Hit:
+        try:
+            if not isinstance(item, dict):
+                raise TypeError("not an object")
+            chunk_id = str(item.get("id", ""))
+            return Hit(
+                chunk_id=chunk_id,
+                doc_id=str(item.get("doc_id", chunk_id)),
+                title=str(item.get("title", "")),
+                text=str(item.get("text", item.get("contents", ""))),
+                score=_number(item.get("score", 0.0)),
+                ranks={"remote": int(item["rank"])} if "rank" in item else {},
+            )
+        except (TypeError, ValueError) as err:
+            shown = " ".join(json.dumps(item, default=str)[:120].split())
+            raise RemoteRetrievalError(f"the retrieval server at {self.url} sent the hit {shown} ({err})") from None
 
 
-def _hit(item: dict) -> Hit:
-    chunk_id = str(item.get("id", ""))
-    return Hit(
-        chunk_id=chunk_id,
-        doc_id=str(item.get("doc_id", chunk_id)),
-        title=str(item.get("title", "")),
-        text=str(item.get("text", item.get("contents", ""))),
-        score=float(item.get("score", 0.0)),
-        ranks={"remote": int(item["rank"])} if "rank" in item else {},
-    )
+def _number(value: Any) -> float:
+    score = float(value)  # a number or its text; anything else raises
+    if isinstance(value, bool) or not math.isfinite(score):
+        raise ValueError(f"score {value!r} is not a finite number")
+    return score

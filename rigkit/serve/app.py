@@ -57,16 +57,14 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from sse_starlette.sse import AppStatus
-
-        # In-flight streams finish on SIGTERM (they are finite); the default would cut them.
-        AppStatus.disable_automatic_graceful_drain()
+        # On SIGTERM answer streams run on until the drain deadline (`rigkit.serve.shutdown`).
         if mcp_server is not None:
             async with mcp_server.session_manager.run():
                 yield
         else:
             yield
-        await asyncio.to_thread(service.worker.close)
+        # reached when every connection closed or the drain deadline passed: what is left has no reader
+        await asyncio.to_thread(service.worker.stop)
 
     app = FastAPI(title="rigkit", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service

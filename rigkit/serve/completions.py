@@ -89,44 +89,78 @@ async def _stream(service: RigService, job: Any, pipe: Any, completion: oa.Compl
     def frame(data: dict) -> dict[str, str]:
         return {"data": json.dumps(data, ensure_ascii=False)}
 
-    text, stopped = "", False
+    answer = _StopCut(stops)
     try:
         yield frame(completion.chunk({"role": "assistant", "content": ""}))
-        while True:
-            kind, payload = await pipe.queue.get()
-            if kind == "end":
+        async for piece in _answer_pieces(pipe):
+            if text := answer.add(piece):
+                yield frame(completion.chunk({"content": text}))
+            if answer.stopped:
                 break
-            if kind != "event" or payload.kind != "token" or stopped:
-                continue  # held mode never retracts; rounds are in the final `rig` field
-            cut, stopped = oa.cut_at_stop(text + payload.text, stops)
-            if len(cut) > len(text):
-                yield frame(completion.chunk({"content": cut[len(text):]}))
-            text = cut
-            if stopped:
-                service.worker.cancel(job)  # a stop string: the rest would not be sent anyway
-                break
-        if stopped:
+        if answer.stopped:
             yield frame(completion.chunk({}, "stop"))
-            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        else:
-            try:
-                outcome = job.future.result()
-            except Exception as err:  # noqa: BLE001 - the stream's one outcome is this error frame
-                yield frame(error_of(err))
+            if not include_usage:
+                service.worker.cancel(job)  # a stop string: the rest would not be sent anyway
                 yield {"data": "[DONE]"}
                 return
-            if isinstance(outcome, ToolStep) and outcome.result is None:
-                for chunk in completion.tool_call_chunks(outcome.calls):
-                    yield frame(chunk)
-                yield frame(completion.chunk({}, "tool_calls"))
-                usage = oa.usage_of(outcome.tokens)
-            else:
-                result = outcome.result if isinstance(outcome, ToolStep) else outcome
-                yield frame(completion.chunk({}, _finish_reason(result, limit), rig=_rig(result)))
-                usage = oa.usage_of(result.tokens)
+            async for _ in _answer_pieces(pipe):
+                pass  # the usage counts the whole run, as the non-streamed response's does
+        elif text := answer.flush():  # the answer ended on what only looked like a stop string's start
+            yield frame(completion.chunk({"content": text}))
+        try:
+            outcome = job.future.result()
+        except Exception as err:  # noqa: BLE001 - the stream's one outcome is this error frame
+            yield frame(error_of(err))
+            yield {"data": "[DONE]"}
+            return
+        tool_turn = isinstance(outcome, ToolStep) and outcome.result is None
+        if tool_turn:
+            usage = oa.usage_of(outcome.tokens)
+        else:
+            result = outcome.result if isinstance(outcome, ToolStep) else outcome
+            usage = oa.usage_of(result.tokens)
+        if tool_turn and not answer.stopped:
+            for chunk in completion.tool_call_chunks(outcome.calls):
+                yield frame(chunk)
+            yield frame(completion.chunk({}, "tool_calls"))
+        elif not answer.stopped:
+            yield frame(completion.chunk({}, _finish_reason(result, limit), rig=_rig(result)))
         if include_usage:
             yield frame(completion.usage_chunk(usage))
         yield {"data": "[DONE]"}
     finally:
         if not job.future.done():
             service.worker.cancel(job)
+
+
+async def _answer_pieces(pipe: Any) -> AsyncIterator[str]:
+    """The answer text the run streams, piece by piece, until the run ends."""
+    while True:
+        kind, payload = await pipe.queue.get()
+        if kind == "end":
+            return
+        if kind == "event" and payload.kind == "token":  # held mode never retracts; rounds go in `rig`
+            yield payload.text
+
+
+class _StopCut:
+    """The streamed answer cut at the first stop string: text that could be a stop string's start
+    is held back until the next piece shows it is not, so no part of a stop string is ever sent."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.text, self.sent, self.stopped = stops, "", 0, False
+
+    def add(self, piece: str) -> str:
+        """What may be sent now that `piece` came."""
+        self.text, self.stopped = oa.cut_at_stop(self.text + piece, self.stops)
+        ready = len(self.text) if self.stopped else len(self.text) - oa.stop_prefix_length(self.text, self.stops)
+        return self._send(ready)
+
+    def flush(self) -> str:
+        """The held-back end, once the answer is over."""
+        return self._send(len(self.text))
+
+    def _send(self, upto: int) -> str:
+        out = self.text[self.sent:upto] if upto > self.sent else ""
+        self.sent = max(self.sent, upto)
+        return out

@@ -49,19 +49,26 @@ def submit(service: RigService, pipe: Pipe | None, fn: Callable[[Job], Any]) -> 
 async def wait_job(request: Request, service: RigService, job: Job) -> Any:
     """The job's result; if the client disconnects meanwhile, cancel the job (slot freed)."""
     future = asyncio.wrap_future(job.future)
-    while True:
-        done, _ = await asyncio.wait({future}, timeout=0.25)
-        if done:
-            return future.result()
-        if await request.is_disconnected():
-            service.worker.cancel(job)
-            raise ClientGone()
+    try:
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=0.25)
+            if done:
+                return future.result()
+            if await request.is_disconnected():
+                service.worker.cancel(job)
+                raise ClientGone()
+    except asyncio.CancelledError:  # the server's drain deadline passed: nobody will read the answer
+        service.worker.cancel(job)
+        raise
 
 
 def sse(events: AsyncIterator[dict[str, str]]) -> Any:
     from sse_starlette.sse import EventSourceResponse
 
-    return EventSourceResponse(events, sep="\n")
+    from rigkit.serve.shutdown import FINITE_STREAM_GRACE
+
+    # an answer's stream ends by itself: on shutdown it runs on until the drain deadline
+    return EventSourceResponse(events, sep="\n", shutdown_grace_period=FINITE_STREAM_GRACE)
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,

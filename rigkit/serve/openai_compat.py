@@ -26,7 +26,7 @@ from rigkit.text import check_question
 
 __all__ = [
     "RequestError", "Conversation", "parse_messages", "check_tools", "ask_options", "cut_at_stop",
-    "Completion", "tool_call_message", "usage_of",
+    "stop_prefix_length", "Completion", "tool_call_message", "usage_of",
 ]
 
 
@@ -121,6 +121,18 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """`text` up to the first stop string (which is not included), and whether one was found."""
     cuts = [text.index(s) for s in stops if s in text]
     return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def stop_prefix_length(text: str, stops: list[str]) -> int:
+    """Length of the longest end of `text` that could be the start of a stop string: a stream
+    holds those characters back until the next token shows whether the stop string follows."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
 
 
 class Completion:

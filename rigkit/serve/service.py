@@ -3,7 +3,8 @@
 `RigService` loads its generator and retriever once through `rigkit.build` and, per request,
 builds a controller over those same parts (`build_controller(config, generator=...,
 retriever=...)`), so the server runs exactly the loop `rigkit ask` runs: there is no second copy
-of it here. Model work goes through the `ModelWorker` (one thread, bounded queue); searches take their own lock.
+of it here. Model work goes through the `ModelWorker` (one thread, bounded queue); searches take turns on
+the index (`rigkit.serve.searcher`).
 
 Client-side tools: when a request declares a `search` tool, the retriever of its controller is a
 `_ToolResults` that answers from the `role: "tool"` messages and, when they run out, suspends the
@@ -31,6 +32,7 @@ from typing import Any
 from rigkit.config import DeciderConfig, RunConfig
 from rigkit.controller import RoundCallback
 from rigkit.generation.protocol import SupportsReset
+from rigkit.serve.searcher import SharedSearcher
 from rigkit.serve.worker import Job, ModelWorker
 from rigkit.streaming import StreamEvent, TokenStream
 from rigkit.trace import Hit, RIGResult, RoundTrace, Segment
@@ -112,9 +114,8 @@ class RigService:
             retriever = build_retriever(config.retrieval)
         if generator is None and load_model:
             generator = build_generator(config.generator)
-        self._search_lock = threading.Lock()
-        # the worker's rounds and /retrieve, /rpc, MCP searches share the index: one at a time
-        self._generator, self.retriever = generator, _LockedRetriever(retriever, self._search_lock)
+        # the worker's rounds and /retrieve, /rpc, MCP searches share the index: one at a time, fairly
+        self._generator, self.retriever = generator, SharedSearcher(retriever)
         self._load_lock = threading.Lock()
         self.model_name = config.generator.model
         self.tool_result_tokens = tool_result_tokens or config.context.max_passage_tokens
@@ -270,23 +271,6 @@ def round_summary(trace: RoundTrace) -> dict[str, Any]:
         "budget": {**dataclasses.asdict(b), "used": b.used, "free": b.free},
         "error": trace.error,
     }
-
-
-class _LockedRetriever:
-    """The served retriever behind a lock: indexes (faiss, bm25s, the query encoder) are shared."""
-
-    def __init__(self, inner: Any, lock: threading.Lock):
-        self.inner, self.lock = inner, lock
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
-        with self.lock:
-            return self.inner.search(query, top_k)
-
-    def search_many(self, queries: list[str], top_k: int = 5) -> list[list[Hit]]:
-        with self.lock:
-            many = getattr(self.inner, "search_many", None)
-            return many(queries, top_k) if many is not None else [self.inner.search(q, top_k) for q in queries]
 
 
 class _RoundSink(RoundCallback):

@@ -6,7 +6,7 @@ is refused at once (the HTTP layer answers 429 with `Retry-After`) instead of wa
 bound. A cancelled job leaves the queue (its slot is free at once) or, when already running, is
 told through `job.cancelled`, which the run's `TokenStream` checks between tokens and rounds.
 `close()` refuses new jobs, finishes every accepted one, then stops the thread: nothing accepted
-is lost.
+is lost. `stop()` is for a server past its drain deadline: it cancels what is left.
 """
 
 from __future__ import annotations
@@ -111,6 +111,19 @@ class ModelWorker:
         with self._cv:
             self._draining = True
             self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Refuse new jobs and cancel every accepted one (their clients are gone: the server's
+        drain deadline has passed or their connections closed), then stop the thread."""
+        with self._cv:
+            self._draining = True
+            waiting, running = list(self._queue), self._running
+            self._cv.notify_all()  # an idle thread wakes and ends
+        for job in waiting:
+            self.cancel(job)
+        if running is not None:
+            self.cancel(running)  # the run stops at its next token or round
         self._thread.join(timeout)
 
     # -- the worker side -----------------------------------------------------------------------

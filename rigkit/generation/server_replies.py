@@ -1,0 +1,125 @@
+"""What an OpenAI-compatible model server sends, checked before rigkit reads it.
+
+A server that answers something else than the protocol (an HTML page, a list where an object
+belongs, a usage count that is no whole number, log-probabilities that do not line up with the
+tokens or are not numbers) ends the call in one `ServerError` line naming the server and what it
+sent, never in a `KeyError` or a silent guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rigkit.errors import RigkitError
+
+__all__ = ["ServerError", "TokenScores", "read_json", "read_event", "served_models", "token_scores",
+           "usage_count", "shown"]
+
+
+class ServerError(RigkitError, ConnectionError):
+    """The model server is unreachable, refuses the request, or does not serve the model."""
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """`value` as it arrived, short enough for one error line."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_json(text: str, where: str) -> Any:
+    """The JSON value of a body or event; `where` names the server and URL ("the model server at ...").
+
+    NaN and Infinity are not JSON: Python's parser accepts them, rigkit does not (-Infinity stays:
+    an alternative token of probability 0 is checked where it stands)."""
+    def refuse(constant: str) -> float:
+        if constant == "-Infinity":
+            return -math.inf
+        raise ValueError(f"{constant} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except ValueError as err:
+        raise ServerError(f"{where} sent something that is not JSON ({err}): {shown(text)!r}") from None
+
+
+def served_models(data: Any, where: str) -> list[dict]:
+    """The model entries of a `/models` answer (`{"data": [{"id": ...}, ...]}`)."""
+    entries = data.get("data") if isinstance(data, dict) else data
+    if not isinstance(data, dict) or not isinstance(entries, list | None):
+        raise ServerError(f"{where} sent {shown(data)!r} where an object {{\"data\": [models]}} belongs")
+    for entry in entries or []:
+        if not isinstance(entry, dict) or "id" not in entry:
+            raise ServerError(f"{where} listed {shown(entry)!r} where a model object with an \"id\" belongs")
+    return entries or []
+
+
+def read_event(event: Any, where: str) -> dict:
+    """One streamed completion event: an object whose `choices` are objects and `usage` an object."""
+    if not isinstance(event, dict):
+        raise ServerError(f"{where} sent the event {shown(event)!r} where an object belongs")
+    if "error" in event:
+        raise ServerError(f"{where} failed: {shown(event['error'], 300)}")
+    choices = event.get("choices")
+    if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
+        raise ServerError(f"{where} sent choices {shown(choices)!r} where a list of objects belongs")
+    if event.get("usage") is not None and not isinstance(event["usage"], dict):
+        raise ServerError(f"{where} sent usage {shown(event['usage'])!r} where an object belongs")
+    return event
+
+
+def usage_count(usage: dict | None, key: str, where: str, section: str = "usage") -> int | None:
+    """A token count from `usage` (None when absent); anything but a whole number >= 0 is refused."""
+    if usage is not None and not isinstance(usage, dict):
+        raise ServerError(f"{where} sent {section} {shown(usage)!r} where an object belongs")
+    value = (usage or {}).get(key)
+    if value is None:
+        return None
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < 0:
+        raise ServerError(f"{where} sent {section}.{key} = {shown(value)!r}, not a whole number of tokens")
+    return int(value)
+
+
+@dataclass
+class TokenScores:
+    """One choice's tokens with their log-probabilities (chosen, and the top-k per token)."""
+
+    tokens: list[str]
+    logprobs: list[float]
+    tops: list[list[float]]
+
+
+def token_scores(logprobs: Any, where: str) -> TokenScores:
+    """The checked `logprobs` object of a completion choice: one number per token, all finite
+    (an alternative in the top-k may be -inf: probability 0)."""
+    if not isinstance(logprobs, dict):
+        raise ServerError(f"{where} sent logprobs {shown(logprobs)!r} where an object belongs")
+    tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
+    tops = logprobs.get("top_logprobs")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ServerError(f"{where} sent logprobs.tokens {shown(tokens)!r} where a list of strings belongs")
+    values = [] if values is None else values
+    if not isinstance(values, list) or len(values) != len(tokens):
+        raise ServerError(f"{where} sent {len(tokens)} tokens but "
+                          f"{len(values) if isinstance(values, list) else shown(values)!r} log-probabilities")
+    tops = [None] * len(tokens) if tops is None else tops
+    if not isinstance(tops, list) or len(tops) != len(tokens):
+        raise ServerError(f"{where} sent {len(tokens)} tokens but top_logprobs {shown(tops)!r}")
+    chosen = [0.0 if v is None else _logprob(v, where, allow_minus_inf=False) for v in values]
+    top_values = []
+    for top in tops:
+        if top is not None and not isinstance(top, dict):
+            raise ServerError(f"{where} sent the top-k {shown(top)!r} where an object belongs")
+        top_values.append([_logprob(v, where, allow_minus_inf=True) for v in (top or {}).values() if v is not None])
+    return TokenScores(tokens, chosen, top_values)
+
+
+def _logprob(value: Any, where: str, allow_minus_inf: bool) -> float:
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if number is None or math.isnan(number) or number == math.inf or (number == -math.inf and not allow_minus_inf):
+        raise ServerError(f"{where} sent the log-probability {shown(value)!r}, not a finite number")
+    return float(number)

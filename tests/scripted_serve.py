@@ -1,0 +1,52 @@
+"""`rigkit serve` with a scripted model and a fixed index: `python -m tests.scripted_serve --port N`.
+
+The real command (`rigkit.cli.main(["serve", ...])`: uvicorn, its signal handling, the app, MCP)
+over `rigkit.testing` parts instead of the default model and index, so the process starts in
+seconds. Each answer is written one word at a time, `RIGKIT_TEST_TOKEN_SECONDS` apart (default 0),
+so a test can keep a request in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
+from rigkit.trace import Hit
+
+ANSWER = "The Eiffel Tower is 330 metres tall and stands in Paris."
+HITS = [Hit("c1", "d1", "Eiffel Tower", "The Eiffel Tower is 330 metres tall and stands in Paris.", 1.0)]
+
+
+class SlowScript(ScriptedGenerator):
+    """The same one-segment answer for every question, each word after a pause."""
+
+    def __init__(self, pause: float):
+        super().__init__([])
+        self.pause = pause
+
+    def reset(self, seed: int | None = None) -> None:
+        pass
+
+    def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
+        segment = make_segment(ANSWER, finish_reason="end_of_turn")
+        for token in segment.tokens:
+            time.sleep(self.pause)
+            if on_token is not None:
+                on_token(token)
+        return segment
+
+
+def main(argv: list[str]) -> int:
+    import rigkit.build
+    from rigkit.cli import main as rigkit_main
+
+    pause = float(os.environ.get("RIGKIT_TEST_TOKEN_SECONDS", "0"))
+    rigkit.build.build_generator = lambda config: SlowScript(pause)
+    rigkit.build.build_retriever = lambda config: DictRetriever({}, default=HITS)
+    return rigkit_main(["serve", "--set", "decider.name=never", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
