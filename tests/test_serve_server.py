@@ -215,6 +215,23 @@ def test_bad_input_on_the_real_server(server):
     assert httpx.post(f"{base}/rpc", content=b"{", headers=raw).json()["error"]["code"] == -32700
 
 
+def test_edge_values_on_the_real_server_are_4xx_not_500(server):
+    """What once reached the model and answered 500: a lone surrogate, a seed past 2^64, NaN,
+    text that is empty once invisible characters are gone, a NUL byte."""
+    base = server[0]
+    raw = {"content-type": "application/json"}
+    bodies = [b'{"question": "\\ud800 who?"}',
+              b'{"question": "' + QUESTION.encode() + b'", "options": {"seed": 36893488147419103232}}',
+              b'{"question": "' + QUESTION.encode() + b'", "options": {"temperature": NaN}}',
+              '{"question": "\u200b\u2060\ufeff"}'.encode()]
+    for body in bodies:
+        answer = httpx.post(f"{base}/chat", content=body, headers=raw, timeout=300)
+        assert 400 <= answer.status_code < 500, (body, answer.status_code, answer.text)
+    nul = httpx.post(f"{base}/chat", json={"question": "who\u0000?", "options": {"max_tokens": 4, "decider": "never"}},
+                     timeout=300)
+    assert nul.status_code in (200, 422), nul.text
+
+
 def test_a_rebound_host_and_a_foreign_origin_are_refused_on_every_route(server):
     """DNS rebinding (the page's own name now points here) and a page's cross-origin fetch."""
     base = server[0]
