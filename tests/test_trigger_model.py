@@ -7,9 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rigkit.errors import InputError, RigkitError
-from rigkit.testing import make_segment
-from rigkit.trigger.features import (
+from rigkit.deciders.trigger_features import (
     FeatureExtractor,
     FeatureInput,
     FeatureSpec,
@@ -17,6 +15,8 @@ from rigkit.trigger.features import (
     parse_feature_sets,
     probability_features,
 )
+from rigkit.errors import InputError, RigkitError
+from rigkit.testing import make_segment
 from rigkit.trigger.model import (
     assign_splits,
     check_generator,

@@ -130,7 +130,7 @@ def _build_labels(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from rigkit.cli import check_out
-    from rigkit.trigger.features import parse_feature_sets
+    from rigkit.deciders.trigger_features import parse_feature_sets
     from rigkit.trigger.labelset import load_labels
     from rigkit.trigger.model import save_trigger, train_trigger
 
@@ -183,9 +183,9 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _cross(args: argparse.Namespace) -> int:
     from rigkit.cli import check_out
+    from rigkit.deciders.trigger_features import parse_feature_sets
     from rigkit.files import atomic_write_text
     from rigkit.trigger.evaluate import cross_set, cross_set_table
-    from rigkit.trigger.features import parse_feature_sets
     from rigkit.trigger.labelset import load_labels
 
     for path in args.labels:

@@ -13,9 +13,9 @@ without importing this package.
 
 from __future__ import annotations
 
+from rigkit.deciders.trigger_features import FEATURE_SETS, FeatureExtractor, FeatureSpec
 from rigkit.trigger.decider import trigger_decider
 from rigkit.trigger.evaluate import TriggerReport, evaluate_trigger, signal_metrics
-from rigkit.trigger.features import FEATURE_SETS, FeatureExtractor, FeatureSpec
 from rigkit.trigger.labels import RULES, agreement, build_labels
 from rigkit.trigger.labelset import LabelledSegment, LabelSet, load_labels
 from rigkit.trigger.model import TriggerModel, load_trigger, save_trigger, train_trigger

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from rigkit.deciders.base import DecisionState
+from rigkit.deciders.trigger_features import FeatureExtractor
 from rigkit.errors import InputError
-from rigkit.trigger.features import FeatureExtractor
 from rigkit.trigger.labelset import LabelledSegment, LabelSet
 from rigkit.trigger.model import TriggerModel, assign_splits
 
