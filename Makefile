@@ -45,7 +45,7 @@ lab: setup-dev
 
 # The benchmark suite (docs/performance.md): every script in full mode, then the table.
 # retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.
-BENCH := retrieval cache overhead latency stages startup
+BENCH := retrieval cache overhead latency stages startup compression
 
 # The server load test, the DRAGIN attention pass and the device check print their own figures.
 bench: setup-dev
@@ -55,7 +55,7 @@ bench: setup-dev
 	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct
 	$(BIN)/python bench/report.py
 
-# Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's six.
+# Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's seven.
 bench-quick: setup-dev
 	for script in $(BENCH); do $(BIN)/python bench/$$script.py --quick || exit 1; done
 	$(BIN)/python bench/serve.py --quick

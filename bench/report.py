@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("cache", "overhead", "latency", "stages", "retrieval", "startup")
+PARTS = ("cache", "overhead", "latency", "stages", "retrieval", "startup", "compression")
 
 
 def load(folder: Path) -> dict[str, dict[str, Any]]:
@@ -169,8 +169,20 @@ def startup_rows(r: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def compression_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for name, modes in r["sets"].items():
+        cells = "; ".join(f"{mode} {x(s['passage_tokens_vs_none'])} passage tokens, {x(s['prefilled_vs_none'])} "
+                          f"pre-fill, {x(s['time_vs_none'])} time ({s['compress_s']:.1f} s compressing)"
+                          for mode, s in modes.items() if mode != "none")
+        rows.append((f"compression, {name}", f"plain RAG top-{r['top_k']}, {r['questions_per_set']} test "
+                     "questions, vs uncompressed passages", cells, ""))
+    return rows
+
+
 ROWS = {"cache": cache_rows, "overhead": overhead_rows, "latency": latency_rows,
-        "stages": stages_rows, "retrieval": retrieval_rows, "startup": startup_rows}
+        "stages": stages_rows, "retrieval": retrieval_rows, "startup": startup_rows,
+        "compression": compression_rows}
 
 
 def render(found: dict[str, dict[str, Any]]) -> str:

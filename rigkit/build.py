@@ -35,6 +35,8 @@ __all__ = [
     "build_generator",
     "build_retriever",
     "build_decider",
+    "with_reranker",
+    "with_filters",
     "assemble",
     "uses_markers",
 ]
@@ -62,7 +64,8 @@ def build_run(
     """Every part built from `config`; pass a loaded generator or retriever to share it across runs."""
     config = config or RunConfig()
     generator = generator if generator is not None else build_generator(config.generator)
-    retriever = retriever if retriever is not None else build_retriever(config.retrieval)
+    retriever = (build_retriever(config.retrieval, generator) if retriever is None
+                 else with_reranker(retriever, config.retrieval, generator))
     # one marker protocol for the system prompt, the stop rule, the passages and the decider
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
     decider_config = _with_protocol(config.decider, protocol)
@@ -90,11 +93,33 @@ def build_generator(config: GeneratorConfig | None = None) -> Generator:
     return generation.generator_from_config(config or GeneratorConfig())
 
 
-def build_retriever(config: RetrievalConfig | None = None) -> Retriever:
-    """The retriever `config` describes (`retrieval.mode` picks it from `RETRIEVERS`)."""
+def build_retriever(config: RetrievalConfig | None = None, generator: Generator | None = None) -> Retriever:
+    """The retriever `config` describes (`retrieval.mode` picks it from `RETRIEVERS`), reranked
+    when `retrieval.rerank` names a reranker (`upr` scores with `generator`)."""
     from rigkit import retrieval  # looked up at each call, as in build_generator
 
-    return retrieval.open_retriever(config or RetrievalConfig())
+    config = config or RetrievalConfig()
+    return with_reranker(with_filters(retrieval.open_retriever(config), config), config, generator)
+
+
+def with_filters(retriever: Retriever, config: RetrievalConfig) -> Retriever:
+    """`retriever` with `retrieval.filters` bound to every search, checked against its chunks
+    now (an unknown key or a filter nothing passes fails before the run starts)."""
+    from rigkit.retrieval.filters import FilteredRetriever, parse_filters
+
+    filters = parse_filters(config.filters)
+    return FilteredRetriever(retriever, filters) if filters else retriever
+
+
+def with_reranker(retriever: Retriever, config: RetrievalConfig, generator: Generator | None = None) -> Retriever:
+    """`retriever` behind the reranker `config.rerank` names (unchanged for "none" or when it is
+    reranked already): `rerank_candidates` hits in, near-duplicates out, `top_k` kept."""
+    from rigkit.retrieval.rerank import RerankedRetriever, embedder_of, reranker_from_config
+
+    reranker = reranker_from_config(config, generator)
+    if reranker is None or isinstance(retriever, RerankedRetriever):
+        return retriever
+    return RerankedRetriever(retriever, reranker, config.rerank_candidates, embedder_of(retriever))
 
 
 def build_decider(config: DeciderConfig, generator: Generator | None = None) -> Decider:
@@ -141,6 +166,7 @@ def _run(
     context = ContextManager(
         config.context, generator.count_tokens, generator.render_chat,
         context_limit=generator.context_limit, use_markers=markers,
+        compressor=_compressor(config, generator, retriever), summarizer=_summarizer(config, generator),
     )
     controller = RIGController(
         generator, retriever, decider, query_builder, context,
@@ -148,6 +174,34 @@ def _run(
         callbacks=callbacks, citations=config.context.citations, run_config=config.to_dict(),
     )
     return Run(config, generator, retriever, decider, query_builder, context, controller)
+
+
+def _compressor(config: RunConfig, generator: Generator, retriever: Retriever):
+    """`context.compress`: extractive scores sentences with the dense retriever's own model (the
+    default embedder where the retriever has none), abstractive asks the generator."""
+    from rigkit.compression import AbstractiveCompressor, ExtractiveCompressor
+
+    mode = config.context.compress
+    if mode == "extractive":
+        from rigkit.retrieval.rerank import embedder_of
+
+        return ExtractiveCompressor(embedder_of(retriever) or _default_embed, generator.count_tokens)
+    return AbstractiveCompressor(generator) if mode == "abstractive" else None
+
+
+def _default_embed(texts: list[str]):
+    """Unit vectors from the default embedding model (loaded once per process, on first use)."""
+    from rigkit.embeddings import load_embedder
+    from rigkit.retrieval.dense import embed_texts
+
+    return embed_texts(load_embedder(), texts)
+
+
+def _summarizer(config: RunConfig, generator: Generator):
+    """`context.summarize_history`: the generator summarises turns beyond max_history_tokens."""
+    from rigkit.compression import HistorySummarizer
+
+    return HistorySummarizer(generator) if config.context.summarize_history else None
 
 
 def _with_protocol(config: DeciderConfig, protocol: MarkerProtocol) -> DeciderConfig:

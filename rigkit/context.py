@@ -25,6 +25,11 @@ message), whether they came up front (plain RAG: the lowest-ranked are dropped f
 injected mid-answer. A passage cut to `max_passage_tokens` is listed in `Injection.truncated`.
 `fit` keeps system + question + passages + draft + the next segment within the model's context
 by evicting injected passages, and refuses with an `InputError` when that is not enough.
+
+Relevance (`rigkit.compression`): `passage_share` can bound the passages by a share of the
+model's context; `allocate: score` drops the lowest-scored passage first; `compress` shortens
+each passage once on its way in (`Injection.compressed`); `order` sets the reading order within
+a block; earlier turns beyond `max_history_tokens` become one summary turn (`history_fit`).
 """
 
 from __future__ import annotations
@@ -35,9 +40,19 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from rigkit.compression import (
+    Compressor,
+    HistorySummarizer,
+    check_context_options,
+    compressed_hit,
+    compression_target,
+    fit_history,
+    ordered,
+)
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, ContextConfig
 from rigkit.corpus import check_doc_id
 from rigkit.errors import InputError
+from rigkit.grounding import check_grounding_options
 from rigkit.markers import (
     MarkerProtocol,
     format_passages,
@@ -53,7 +68,7 @@ from rigkit.prompts import (
     system_prompt,
 )
 from rigkit.text import detect_language, neutralize_citations
-from rigkit.trace import Hit, Injection, Segment, TokenBudget
+from rigkit.trace import HistoryFit, Hit, Injection, Segment, TokenBudget
 from rigkit.transcript import Piece, plain_spans
 
 __all__ = ["ContextManager", "fingerprint", "near_duplicate", "held_to_corpus_rules"]
@@ -114,8 +129,14 @@ class ContextManager:
         context_limit: int = DEFAULT_CONTEXT_LIMIT,
         use_markers: bool = False,
         protocol: MarkerProtocol | None = None,
+        compressor: Compressor | None = None,
+        summarizer: HistorySummarizer | None = None,
     ):
+        check_context_options(config)
+        check_grounding_options(config.grounding, config.cite)
         self.config = config
+        self.compressor = compressor  # context.compress; None: passages are only capped
+        self.summarizer = summarizer  # None: turns beyond max_history_tokens are dropped
         self.count_tokens = count_tokens
         self.render_chat = render_chat
         self.context_limit = context_limit
@@ -131,21 +152,26 @@ class ContextManager:
         self.question = question
         self.language = self.config.language if self.config.language != "auto" else detect_language(question)
         self.system = self.config.system_prompt or system_prompt(self.language, self.marker_protocol)
-        self.history = self._bounded_history(history)
+        self.history, self.history_fit = self._bounded_history(history)
         self._events: list[Segment | _Block] = []
         self._fingerprints: dict[str, frozenset[str]] = {}
         self._seen: dict[str, Hit] = {}  # chunk id -> passage as injected, kept after eviction
         self._rendered_blocks: dict[tuple[tuple[str, ...], str], Piece] = {}
         self._token_counts: dict[tuple[tuple[str, ...], str], int] = {}
-        upfront = Injection()
+        self._compressions: dict[str, tuple[Hit, dict | None]] = {}  # once per passage: the KV cache holds it
+        upfront = Injection(passage_budget=self.passage_budget)
         self._initial = self._admit(list(passages), upfront)
         self._upfront_ids = {h.chunk_id for h in self._initial}  # given, not retrieved: never evicted
-        while self._initial and self._passage_tokens() > self.config.max_retrieval_tokens:
-            dropped = self._initial.pop()  # plain RAG keeps the retriever's best-ranked passages
+        while self._initial and self._passage_tokens() > self.passage_budget:
+            # plain RAG keeps the retriever's best-ranked passages (allocate: score, the best-scored)
+            at = -1 if self.config.allocate == "rank" else min(
+                range(len(self._initial)), key=lambda i: (self._initial[i].score, -i))
+            dropped = self._initial.pop(at)
             self._forget(dropped.chunk_id)
             upfront.dropped_budget.insert(0, dropped.chunk_id)
         upfront.added = [h.chunk_id for h in self._initial]
         upfront.truncated = [c for c in upfront.truncated if c in upfront.added]
+        upfront.compressed = {c: r for c, r in upfront.compressed.items() if c in upfront.added}
         upfront.tokens_added = self._passage_tokens()
         self.upfront = upfront  # what became of the up-front passages: kept, over budget, cut
 
@@ -155,7 +181,7 @@ class ContextManager:
 
     def inject(self, hits: Sequence[Hit]) -> Injection:
         """Add new passages under the budget; report what was added, dropped and evicted."""
-        injection = Injection()
+        injection = Injection(passage_budget=self.passage_budget)
         admitted = self._admit(list(hits), injection)
         if self.config.layout == "prefix":
             self._initial.extend(admitted)
@@ -164,6 +190,7 @@ class ContextManager:
         self._evict_over_budget(injection, keep={h.chunk_id for h in admitted})
         injection.added = [h.chunk_id for h in admitted if h.chunk_id in self._fingerprints]
         injection.truncated = [c for c in injection.truncated if c in injection.added]
+        injection.compressed = {c: r for c, r in injection.compressed.items() if c in injection.added}
         others = {h.chunk_id for h in self.passages} - set(injection.added)
         injection.tokens_added = self._passage_tokens(exclude=others) if injection.added else 0
         return injection
@@ -232,6 +259,13 @@ class ContextManager:
         """Every passage that has been in context this question, evicted ones included."""
         return list(self._seen.values())
 
+    @property
+    def passage_numbers(self) -> dict[str, int]:
+        """Chunk id -> the number a passage is labelled with under `cite: model`: 1, 2, ... in the
+        order passages first entered the context. An evicted passage keeps its number; one dropped
+        before the model read it gives its number to the passages after it in the same block."""
+        return {chunk_id: n for n, chunk_id in enumerate(self._seen, 1)}
+
     def budget(self) -> TokenBudget:
         """Where the prompt's tokens go; the parts add up to its length (see `TokenBudget`)."""
         system = self.count_tokens(self.system)
@@ -246,8 +280,16 @@ class ContextManager:
             passages=passages,
             draft=draft,
             limit=self.context_limit,
-            max_retrieval_tokens=self.config.max_retrieval_tokens,
+            max_retrieval_tokens=self.passage_budget,
         )
+
+    @property
+    def passage_budget(self) -> int:
+        """The passages' budget: `max_retrieval_tokens`, or `passage_share` of the model's context
+        when that is smaller (the rest is for system prompt, question, history and answer)."""
+        share = self.config.passage_share
+        limit = self.config.max_retrieval_tokens
+        return limit if share is None else min(limit, int(share * self.context_limit))
 
     # -- internals -----------------------------------------------------------------------------
     def _head(self) -> Piece:
@@ -264,8 +306,13 @@ class ContextManager:
         """The question, after the up-front passages when there are any (plain RAG)."""
         if not passages:
             return self.question
-        rendered = render_passages(self._triples(passages), self.language)
+        rendered = render_passages(self._triples(passages), self.language, **self._passage_rules())
         return rendered + "\n\n" + QUESTION_WITH_PASSAGES[self.language].format(question=self.question)
+
+    def _passage_rules(self) -> dict:
+        """How the passages message labels passages and what it asks (context.cite, context.grounding)."""
+        numbers = self.passage_numbers if self.config.cite == "model" else None
+        return {"numbers": numbers, "strict": self.config.grounding == "strict"}
 
     def _instruction(self) -> str:
         template = CONTINUE_INSTRUCTION if self.draft.strip() else START_INSTRUCTION
@@ -287,7 +334,7 @@ class ContextManager:
             return self._render_inline(hits)
         base = [{"role": "user", "content": "q"}]
         before = self.render_chat(base + [{"role": "assistant", "content": _SENTINEL}], False)
-        content = render_passages(self._triples(hits), self.language, instruction)
+        content = render_passages(self._triples(hits), self.language, instruction, **self._passage_rules())
         after = self.render_chat(
             base + [{"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": content}],
             True,
@@ -312,7 +359,7 @@ class ContextManager:
         def defuse(text: str) -> str:
             return neutralize_citations(neutralize_markers(text, p))
 
-        return [(h.chunk_id, defuse(h.title), defuse(h.text)) for h in hits]
+        return [(h.chunk_id, defuse(h.title), defuse(h.text)) for h in ordered(hits, self.config.order)]
 
     def _passage_tokens(self, exclude: set[str] = frozenset()) -> int:
         """Tokens the passages occupy as rendered (ids, titles, texts, headers, turn tokens);
@@ -343,6 +390,7 @@ class ContextManager:
     def _admit(self, hits: list[Hit], injection: Injection) -> list[Hit]:
         """New, non-duplicate passages, each capped to `max_passage_tokens`."""
         admitted = []
+        share = self.passage_budget // max(1, len(hits))  # each passage's share, for compression
         for hit in map(held_to_corpus_rules, hits):
             shingles = fingerprint(hit.text)
             if hit.chunk_id in self._fingerprints or any(
@@ -351,11 +399,27 @@ class ContextManager:
                 injection.dropped_duplicates.append(hit.chunk_id)
                 continue
             self._fingerprints[hit.chunk_id] = shingles
+            hit = self._compressed(hit, share, injection)
             admitted.append(self._capped(hit))
             if admitted[-1] is not hit:
                 injection.truncated.append(hit.chunk_id)
             self._seen[hit.chunk_id] = admitted[-1]
         return admitted
+
+    def _compressed(self, hit: Hit, share: int, injection: Injection) -> Hit:
+        """`hit` compressed for the question and the draft's tail (`context.compress`), once per
+        passage per question: a passage that comes back reads the same as before."""
+        if self.compressor is None:
+            return hit
+        if hit.chunk_id not in self._compressions:
+            size = self.count_tokens(hit.text)
+            target = compression_target(size, self.config.compress_ratio, self.config.max_passage_tokens, share)
+            focus = (self.question + " " + self.draft[-300:]).strip()
+            self._compressions[hit.chunk_id] = compressed_hit(self.compressor, focus, hit, target, self.count_tokens)
+        compressed, record = self._compressions[hit.chunk_id]
+        if record is not None:
+            injection.compressed[hit.chunk_id] = record
+        return compressed
 
     def _capped(self, hit: Hit) -> Hit:
         limit = self.config.max_passage_tokens
@@ -373,14 +437,19 @@ class ContextManager:
 
     def _evict_over_budget(self, injection: Injection, keep: set[str]) -> None:
         """Evict passages least related to the draft until the passages fit the budget."""
-        limit = self.config.max_retrieval_tokens
+        limit = self.passage_budget
         while self.passages and self._passage_tokens() > limit:
             old = [h for h in self.passages if h.chunk_id not in keep and h.chunk_id not in self._upfront_ids]
-            pool = old or [h for h in self.passages if h.chunk_id in keep]
-            if not pool:
+            new = [h for h in self.passages if h.chunk_id in keep]
+            if self.config.allocate == "score":  # the lowest score goes, a new one before an old on ties
+                pool = old + new
+                victim = min(pool, key=lambda h: (h.score, h.chunk_id not in keep), default=None)
+            else:
+                pool = old or new
+                victim = self._least_related(pool) if pool else None
+            if victim is None:
                 break  # only up-front passages are left: they were fitted to the budget at `start`
-            victim = self._least_related(pool)
-            if old:
+            if victim.chunk_id not in keep:
                 self._remove(victim.chunk_id)
                 injection.evicted.append(victim.chunk_id)
             else:
@@ -399,12 +468,7 @@ class ContextManager:
         self._remove(chunk_id)
         self._seen.pop(chunk_id, None)
 
-    def _bounded_history(self, history: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The most recent earlier turns that fit `max_history_tokens`."""
-        kept, used = [], 0
-        for q, a in reversed(list(history)):
-            used += self.count_tokens(q) + self.count_tokens(a)
-            if used > self.config.max_history_tokens:
-                break
-            kept.append((q, a))
-        return list(reversed(kept))
+    def _bounded_history(self, history: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], HistoryFit | None]:
+        """The most recent earlier turns within `max_history_tokens`, older ones summarised or dropped."""
+        return fit_history(list(history), self.config.max_history_tokens, self.count_tokens,
+                           self.summarizer, self.language)

@@ -14,15 +14,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rigkit.citations import cite, written_with
+from rigkit.citations import written_with
 from rigkit.config import ControllerConfig, GeneratorConfig
 from rigkit.context import ContextManager
 from rigkit.deciders.base import POLICIES, Decider, DecisionState, decider_policy
 from rigkit.errors import InputError
 from rigkit.generation.protocol import Generator, SupportsReset
+from rigkit.grounding import ground
 from rigkit.markers import clean_answer
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
+from rigkit.retrieval.hybrid import search_queries
 from rigkit.text import check_question, strip_citations
 from rigkit.trace import Action, Hit, Injection, RIGResult, RoundTrace, Segment
 from rigkit.transcript import StopRule
@@ -160,7 +162,8 @@ class RIGController:
             with _timer(timings, "query"):
                 trace.query = self.query_builder.build(run.question, state.draft + segment.text, trace.decision, state)
             with _timer(timings, "retrieve"):
-                trace.hits = self.retriever.search(trace.query.text, self.top_k)
+                # several sub-queries: one batched search where possible, merged by RRF
+                trace.hits = search_queries(self.retriever, trace.query.searches, self.top_k)
         except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
             # recorded in the round and the result; it is not a retrieval, so it spends no round
             trace.error = f"{type(err).__name__}: {err}"
@@ -249,25 +252,31 @@ class RIGController:
         reused = sum(known) if len(known) == len(run.rounds) else None
         generated = sum(len(r.segment.token_ids) for r in run.rounds)
         parts = [(text, seg.context_ids) for text, seg in self.context.draft_parts()]
-        answer, cited, attributions = cite(
-            self._clean(self.context.draft), self.context.seen_passages,
-            written_with(parts, self._clean), tags=self.citations)
+        # citations (by word overlap, or the model's own [n] checked against what it saw), facts
+        grounded = ground(
+            self._clean(self.context.draft), run.question, self.context.seen_passages,
+            written_with(parts, self._clean), cite=self.context.config.cite,
+            numbers=self.context.passage_numbers, tags=self.citations)
         return RIGResult(
             question=run.question,
-            answer=answer,
+            answer=grounded.answer,
             rounds=run.rounds,
             used_retrieval_times=run.retrievals,
-            citations=cited,
+            citations=grounded.cited,
             tokens={"prompt": prefilled + (reused or 0), "generated": generated, "prefilled": prefilled, "reused": reused},
             timings=totals,
             low_confidence=run.low_confidence,
             passages=self.context.passages,
-            attributions=attributions,
+            attributions=grounded.attributions,
             config=self.run_config,
             model={"spec": self.generator.spec or type(self.generator).__name__, "source": self.generator.source},
             policy=self.policy,
             errors=[f"round {r.index}: {r.error}" for r in run.rounds if r.error],
             upfront=self.context.upfront if self.context.upfront.added or self.context.upfront.dropped_budget else None,
+            history=self.context.history_fit,
+            suspicious=grounded.suspicious,
+            removed_citations=grounded.removed,
+            warnings=grounded.warnings,
         )
 
     def _clean(self, text: str) -> str:

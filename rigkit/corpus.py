@@ -1,8 +1,13 @@
-"""Corpus loading and chunking: one chunk file feeds both the BM25 and the vector index.
+"""Chunking: one chunk file feeds both the BM25 and the vector index.
 
-Documents come from JSONL (`{"id", "title", "text", ...metadata}`) or a folder of `.md` / `.txt`
-files. Markdown is split on headings first (each chunk keeps its heading path); sections longer
-than the budget fall back to overlapping fixed windows. Sizes are counted in the *embedding
+Documents are read by `rigkit.readers` (JSONL, `.md`, `.txt`, `.pdf`, `.docx`, `.html`).
+Markdown is split on headings first (each chunk keeps its heading path); sections longer
+than the budget fall back to overlapping fixed windows. Documents read as *blocks* (PDF, Word,
+HTML: paragraphs, tables and lists, each with its heading path and page) are chunked by
+structure: a new section or page starts a new chunk, small blocks of one section are packed
+together, a table or list is never cut unless it alone exceeds the budget, and then a table is
+split between rows with its header row repeated at the top of every piece (a list between items).
+A chunk never spans two PDF pages, so its `page` is exact. Sizes are counted in the *embedding
 model's* tokens and include what the model sees around the body (`[CLS]`, `[SEP]`, the
 "title > heading. " prefix), so no chunk is ever silently truncated by the embedder
 (all-MiniLM-L6-v2 stops at 256 tokens). Window edges snap back to a word start where one is near.
@@ -21,16 +26,20 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from rigkit.config import RetrievalConfig
-from rigkit.errors import CorpusError, InputError
+from rigkit.errors import InputError
 from rigkit.files import iter_jsonl, write_jsonl_atomic
 
 __all__ = [
+    "Block",
     "Document",
     "Chunk",
+    "BLOCK_SEPARATOR",
+    "HEADING",
     "load_documents",
     "check_doc_id",
     "corpus_fingerprint",
@@ -38,12 +47,41 @@ __all__ = [
     "chunk_documents",
     "write_chunks",
     "read_chunks",
+    "split_contents",
 ]
 
 log = logging.getLogger(__name__)
 _SPECIAL_TOKENS = 2  # [CLS] and [SEP] count against the embedding model's limit
-_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+@dataclass
+class Block:
+    """A paragraph, table or list of a structured document, where it sits (section, page)."""
+
+    text: str
+    kind: str = "text"  # "text", "table" or "list"
+    section: list[str] = field(default_factory=list)  # heading path, outermost first
+    page: int | None = None  # 1-based PDF page
+    # table: its rows as text lines, rows[0] the header; list: its items. Where a piece too
+    # large for one chunk may be cut; `text` is "\n".join(rows).
+    rows: list[str] = field(default_factory=list)
+
+    @classmethod
+    def table(cls, cells: Sequence[Sequence[str]], section: Sequence[str] = (), page=None) -> Block:
+        """A table from rows of cell texts, written as `| a | b |` lines (first row: the header)."""
+        rows = ["| " + " | ".join(" ".join(c.split()) for c in row) + " |" for row in cells]
+        return cls("\n".join(rows), "table", list(section), page, rows)
+
+    @classmethod
+    def items(cls, items: Sequence[str], section: Sequence[str] = (), page=None) -> Block:
+        """A list, one `- item` line per item."""
+        rows = [f"- {' '.join(item.split())}" for item in items]
+        return cls("\n".join(rows), "list", list(section), page, rows)
+
+
+BLOCK_SEPARATOR = "\n\n"  # between blocks in a block document's `text`
 
 
 @dataclass
@@ -53,6 +91,13 @@ class Document:
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     markdown: bool = False  # split on headings before windows
+    blocks: list[Block] | None = None  # structured documents; `text` is their joined text
+
+    @classmethod
+    def from_blocks(cls, doc_id: str, title: str, blocks: Sequence[Block], **metadata) -> Document:
+        blocks = [b for b in blocks if b.text.strip()]
+        text = BLOCK_SEPARATOR.join(b.text for b in blocks)
+        return cls(doc_id, title, text, dict(metadata), blocks=blocks)
 
 
 @dataclass
@@ -88,23 +133,25 @@ class Chunk:
 
 
 def load_documents(path: str | Path) -> list[Document]:
-    """Documents from a JSONL file, a `.md`/`.txt` file, or a folder of them (sorted, recursive)."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".md", ".txt"))
-        if not files:
-            raise CorpusError(f"{path}: folder holds no .md or .txt files")
-        docs = [_text_file(p, p.relative_to(path).as_posix()) for p in files]
-        for doc in docs:
-            problem = check_doc_id(doc.id)
-            if problem:
-                raise CorpusError(f"{path / doc.id}: file name as document id {doc.id!r} {problem}")
-        return docs
-    if not path.exists():
-        raise CorpusError(f"{path}: corpus not found")
-    if path.suffix.lower() in (".md", ".txt"):
-        return [_text_file(path, path.name)]
-    return _jsonl_documents(path)
+    """Documents of a corpus file or folder (`rigkit.readers.read_files`; sorted, recursive).
+
+    A file that cannot be read is an error; in a folder it is skipped with a warning."""
+    from rigkit.readers import read_files
+
+    return read_files(path).documents
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """(title, text) of a FlashRAG / Search-R1 `contents` string: `"Title"\ntext`.
+
+    The title is the first line, its surrounding quotes removed; no newline: no title."""
+    head, sep, rest = contents.partition("\n")
+    if not sep:
+        return "", contents.strip()
+    title = head.strip()
+    if len(title) >= 2 and title[0] == title[-1] == '"':
+        title = title[1:-1]
+    return title, rest.strip()
 
 
 MAX_ID_LENGTH = 256
@@ -122,51 +169,6 @@ def check_doc_id(doc_id: str) -> str | None:
     if "[[" in doc_id or "]]" in doc_id:
         return "contains '[[' or ']]' (reserved for citation tags)"
     return None
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise CorpusError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-
-
-def _text_file(path: Path, doc_id: str) -> Document:
-    text = _read_text(path)
-    markdown = path.suffix.lower() == ".md"
-    title = path.stem
-    if markdown:
-        first = next((m for m in map(_HEADING.match, text.splitlines()) if m), None)
-        if first is not None and len(first.group(1)) == 1:
-            title = first.group(2).strip()
-    return Document(id=doc_id, title=title, text=text, markdown=markdown)
-
-
-def _jsonl_documents(path: Path) -> list[Document]:
-    docs: list[Document] = []
-    seen: dict[str, int] = {}
-    for lineno, obj in iter_jsonl(path):
-        text = obj.get("text")
-        if not isinstance(text, str) or not text.strip():
-            raise CorpusError(f"{path}, line {lineno}: missing or empty 'text'")
-        doc_id = str(obj["id"]) if obj.get("id") not in (None, "") else f"{path.stem}-{lineno}"
-        problem = check_doc_id(doc_id)
-        if problem:
-            raise CorpusError(f"{path}, line {lineno}: document id {doc_id!r} {problem}")
-        if doc_id in seen:
-            raise CorpusError(
-                f"{path}, line {lineno}: duplicate id {doc_id!r} (first on line {seen[doc_id]})"
-            )
-        seen[doc_id] = lineno
-        title = obj.get("title") or ""
-        meta = {k: v for k, v in obj.items() if k not in ("id", "title", "text")}
-        markdown = meta.get("format") == "markdown"
-        docs.append(
-            Document(id=doc_id, title=str(title), text=text, metadata=meta, markdown=markdown)
-        )
-    if not docs:
-        raise CorpusError(f"{path}: no documents")
-    return docs
 
 
 def corpus_fingerprint(path: str | Path) -> str:
@@ -192,7 +194,7 @@ def markdown_sections(text: str) -> list[tuple[list[str], int, int]]:
     for line in text.splitlines(keepends=True):
         if _FENCE.match(line):
             in_fence = not in_fence
-        match = None if in_fence else _HEADING.match(line.rstrip("\r\n"))
+        match = None if in_fence else HEADING.match(line.rstrip("\r\n"))
         if match:
             sections.append(([t for _, t in stack], body_start, offset))
             level = len(match.group(1))
@@ -227,39 +229,153 @@ def chunk_documents(
 def _chunk_document(doc: Document, tokenizer, chunk_size: int, overlap: int, split: bool):
     if not split:
         return [_make_chunk(doc, [], 0, 0, len(doc.text))]
+    if doc.blocks is not None:
+        return _chunk_blocks(doc, tokenizer, chunk_size, overlap)
     sections = markdown_sections(doc.text) if doc.markdown else [([], 0, len(doc.text))]
     chunks: list[Chunk] = []
     for headings, s_start, s_end in sections:
         headings = [h for h in headings if h != doc.title]  # the H1 is usually the title itself
-        probe = Chunk("", doc.id, doc.title, "", 0, 0, 0, headings)
-        used = len(tokenizer(probe.index_text, add_special_tokens=False)["input_ids"])
-        budget = chunk_size - _SPECIAL_TOKENS - used
-        if budget <= overlap:
-            raise InputError(
-                f"document {doc.id!r}: chunk_size {chunk_size} leaves {budget} tokens after the "
-                f"title/heading prefix, not more than overlap {overlap}; raise chunk_size or lower overlap"
-            )
+        budget = _budget(doc, headings, tokenizer, chunk_size, overlap)
         for start, end in _windows(doc.text[s_start:s_end], tokenizer, budget, overlap):
             chunks.append(_make_chunk(doc, headings, len(chunks), s_start + start, s_start + end))
     return chunks
 
 
-def _make_chunk(doc: Document, headings: list[str], position: int, start: int, end: int) -> Chunk:
-    # Trim whitespace but keep the span honest: start/end always index the source text.
-    raw = doc.text[start:end]
-    start += len(raw) - len(raw.lstrip())
-    end -= len(raw) - len(raw.rstrip())
+def _budget(doc: Document, headings: list[str], tokenizer, chunk_size: int, overlap: int) -> int:
+    """Body tokens a chunk of this section may hold, after the special tokens and the prefix."""
+    probe = Chunk("", doc.id, doc.title, "", 0, 0, 0, headings)
+    budget = chunk_size - _SPECIAL_TOKENS - _count(tokenizer, probe.index_text)
+    if budget <= overlap:
+        raise InputError(
+            f"document {doc.id!r}: chunk_size {chunk_size} leaves {budget} tokens after the "
+            f"title/heading prefix, not more than overlap {overlap}; raise chunk_size or lower overlap"
+        )
+    return budget
+
+
+def _count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def _make_chunk(
+    doc: Document,
+    headings: list[str],
+    position: int,
+    start: int,
+    end: int,
+    text: str | None = None,
+    page: int | None = None,
+) -> Chunk:
+    """`text` None: the source slice [start, end), whitespace trimmed (the span stays honest);
+    given: a table piece that repeats its header row, which lies before the span."""
+    if text is None:
+        raw = doc.text[start:end]
+        start += len(raw) - len(raw.lstrip())
+        end -= len(raw) - len(raw.rstrip())
+        text = doc.text[start:end]
+    metadata = dict(doc.metadata)
+    if page is not None:
+        metadata["page"] = page
+    if headings:
+        metadata["section"] = " > ".join(headings)
     return Chunk(
         chunk_id=f"{doc.id}#{position}",
         doc_id=doc.id,
         title=doc.title,
-        text=doc.text[start:end],
+        text=text,
         position=position,
         start=start,
         end=end,
         headings=list(headings),
-        metadata=dict(doc.metadata),
+        metadata=metadata,
     )
+
+
+# A piece of a section: (start, end, own text or None for the source slice, may share a chunk)
+_Piece = tuple[int, int, "str | None", bool]
+
+
+def _chunk_blocks(doc: Document, tokenizer, chunk_size: int, overlap: int) -> list[Chunk]:
+    """Structure-aware chunks of a block document: sections and pages never share a chunk."""
+    spans, offset = [], 0
+    for block in doc.blocks or []:
+        spans.append((block, offset, offset + len(block.text)))
+        offset += len(block.text) + len(BLOCK_SEPARATOR)
+    chunks: list[Chunk] = []
+    for (section, page), group in groupby(spans, key=lambda s: (tuple(s[0].section), s[0].page)):
+        headings = [h for h in section if h != doc.title]
+        budget = _budget(doc, headings, tokenizer, chunk_size, overlap)
+        pieces: list[_Piece] = []
+        for block, start, end in group:
+            pieces += _block_pieces(doc.text, block, start, end, tokenizer, budget, overlap)
+        for start, end, text in _pack(doc.text, pieces, tokenizer, budget):
+            chunks.append(_make_chunk(doc, headings, len(chunks), start, end, text, page))
+    return chunks
+
+
+def _block_pieces(text: str, block: Block, start: int, end: int, tokenizer, budget: int,
+                  overlap: int) -> list[_Piece]:
+    if _count(tokenizer, text[start:end]) <= budget:
+        return [(start, end, None, True)]
+    if len(block.rows) > 1:
+        return _row_pieces(block, start, tokenizer, budget, overlap)
+    return [(start + s, start + e, None, False)
+            for s, e in _windows(text[start:end], tokenizer, budget, overlap)]
+
+
+def _row_pieces(block: Block, start: int, tokenizer, budget: int, overlap: int) -> list[_Piece]:
+    """A table cut between rows, its header row on top of every piece; a list between items."""
+    header = block.rows[0] if block.kind == "table" else None
+    offsets, at = [], start  # each row's span in the document text
+    for row in block.rows:
+        offsets.append((at, at + len(row)))
+        at += len(row) + 1
+    body = list(zip(block.rows, offsets))[1 if header is not None else 0 :]
+    pieces: list[_Piece] = []
+    group: list[tuple[str, tuple[int, int]]] = []
+
+    def flush() -> None:
+        if not group:
+            return
+        lines = [row for row, _ in group]
+        first = group[0][1][0]
+        if header is not None and first == offsets[1][0]:
+            pieces.append((offsets[0][0], group[-1][1][1], None, False))  # header in the slice
+        else:
+            own = "\n".join(([header] if header is not None else []) + lines)
+            pieces.append((first, group[-1][1][1], own if header is not None else None, False))
+        group.clear()
+
+    for row, span in body:
+        candidate = "\n".join(([header] if header else []) + [r for r, _ in group] + [row])
+        if group and _count(tokenizer, candidate) > budget:
+            flush()
+        if _count(tokenizer, "\n".join(([header] if header else []) + [row])) > budget:
+            # one row (or item) larger than a chunk on its own: windows over it, no header
+            pieces += [(span[0] + s, span[0] + e, None, False)
+                       for s, e in _windows(row, tokenizer, budget, overlap)]
+            continue
+        group.append((row, span))
+    flush()
+    return pieces
+
+
+def _pack(text: str, pieces: list[_Piece], tokenizer, budget: int):
+    """Join neighbouring small pieces of one section while they fit: (start, end, own text)."""
+    current: list[int] | None = None
+    for start, end, own, packable in pieces:
+        if packable and current and _count(tokenizer, text[current[0] : end]) <= budget:
+            current[1] = end
+            continue
+        if current:
+            yield current[0], current[1], None
+            current = None
+        if packable:
+            current = [start, end]
+        else:
+            yield start, end, own
+    if current:
+        yield current[0], current[1], None
 
 
 def _windows(body: str, tokenizer, budget: int, overlap: int) -> Iterable[tuple[int, int]]:

@@ -14,6 +14,11 @@ from. Modes follow the papers that introduced them:
 - `keywords`: entities, codes and numbers of the flagged span plus the question's key terms.
 - `attention`: DRAGIN's query formulation (QFS): the words the trigger token attends to most,
   in text order, from `decision.evidence["attended_words"]`; falls back to `masked`.
+- `multi`: several searches for one need (multi-query retrieval, as in RAG-Fusion): one helper
+  call asks for up to `max_subqueries` queries, one per line, each cleaned like a rewrite and
+  deduplicated; nothing usable falls back to `masked` (no second model call). The controller
+  searches each and merges the lists by RRF. A marker can carry several searches as
+  ParallelSearch writes them, `<search>q1 ## q2</search>`; `marker` mode splits them the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from rigkit.config import QueryConfig
 from rigkit.errors import InputError
 from rigkit.generation.protocol import Generator
-from rigkit.markers import marker_spec, strip_markers
+from rigkit.markers import SUBQUERY_SEPARATOR, marker_spec, split_subqueries, strip_markers
 from rigkit.text import (
     count_query_units,
     fact_words,
@@ -50,11 +55,13 @@ __all__ = [
     "RewriteQuery",
     "KeywordsQuery",
     "AttentionQuery",
+    "MultiQuery",
     "QUERY_BUILDERS",
     "QueryBuilderFactory",
     "build_query_builder",
     "check_query_mode",
     "clean_rewrite",
+    "parse_subqueries",
     "truncate_query",
 ]
 
@@ -205,22 +212,32 @@ class RewriteQuery:
 
 
 class MarkerQuery:
-    """The marker's own phrase; too short (< `min_words`) and it falls back to `fallback`."""
+    """The marker's own phrase; too short (< `min_words`) and it falls back to `fallback`.
+
+    A phrase with `##` holds several searches (ParallelSearch): up to `max_subqueries` of them
+    become the query's `subqueries`."""
 
     mode = "marker"
 
-    def __init__(self, min_words: int = 2, fallback: QueryBuilder | None = None):
+    def __init__(self, min_words: int = 2, fallback: QueryBuilder | None = None,
+                 max_subqueries: int = QueryConfig.max_subqueries):
         self.min_words = min_words
         self.fallback = fallback or MaskedQuery()
+        self.max_subqueries = max_subqueries
 
     def build(
         self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
     ) -> Query:
         markers = decision.evidence.get("markers")
         phrases = [m["phrase"] for m in markers if m["phrase"]] if markers else decision.intents
-        text = "; ".join(p.strip() for p in phrases if p.strip())
-        if count_query_units(text) >= self.min_words:
-            return Query(text, self.mode, text)
+        phrases = [p.strip() for p in phrases if p.strip()]
+        text = "; ".join(phrases)
+        searches: list[str] = []
+        if any(split_subqueries(p) != [p] for p in phrases):  # `q1 ## q2`: each is searched
+            searches = _distinct([q for p in phrases for q in split_subqueries(p)], self.max_subqueries)
+            text = f" {SUBQUERY_SEPARATOR} ".join(searches)
+        if count_query_units(" ".join(searches) or text) >= self.min_words:
+            return Query(text, self.mode, text, subqueries=searches if len(searches) > 1 else [])
         query = self.fallback.build(question, draft, decision, state)
         query.fallback_from = self.mode
         return query
@@ -281,6 +298,78 @@ class AttentionQuery:
         return Query(text, self.mode, _intent(decision))
 
 
+# small models echo the prompt's own fields ("Question: ...", "Reply: ...") instead of answering
+_ECHO = re.compile(r"^\s*(?:question|answer so far|missing|reply|问题|当前回答|缺少)\s*[:：]", re.IGNORECASE)
+
+
+def parse_subqueries(reply: str, limit: int, max_words: int = QueryConfig.max_words) -> list[str]:
+    """Up to `limit` distinct search queries in a model reply: one per line (or per `##`), each
+    cleaned like a rewrite. When the reply holds a numbered or bulleted list, only its items
+    count, so a closing remark ("These queries will help...") is not searched; echoed prompt
+    lines ("Question: ...") are not queries."""
+    lines = [ln for ln in _THINK.sub("", reply).splitlines() if ln.strip() and not _ECHO.match(ln)]
+    listed = [ln for ln in lines if _BULLET.match(ln)]
+    cleaned = [clean_rewrite(part, max_words) for ln in listed or lines for part in split_subqueries(ln)]
+    return _distinct([q for q in cleaned if has_content(q)], limit)
+
+
+def _distinct(queries: list[str], limit: int) -> list[str]:
+    """The first `limit` queries that differ in more than case, spacing and punctuation."""
+    kept: dict[str, str] = {}
+    for query in queries:
+        key = " ".join(w.text.lower() for w in split_words(query))
+        if key and key not in kept:
+            kept[key] = query
+    return list(kept.values())[:limit]
+
+
+class MultiQuery:
+    """One helper call: the model lists up to `max_queries` searches for what the draft lacks."""
+
+    mode = "multi"
+
+    def __init__(self, generator: object, max_queries: int = QueryConfig.max_subqueries,
+                 max_words: int = QueryConfig.max_words, fallback: QueryBuilder | None = None):
+        if not isinstance(generator, Generator):
+            raise InputError("query mode 'multi' needs a generator (it asks the model for the queries)")
+        if max_queries < 1:
+            raise InputError(f"query.max_subqueries must be at least 1, got {max_queries}")
+        self.generator, self.max_queries, self.max_words = generator, max_queries, max_words
+        self.fallback = fallback or MaskedQuery()
+        self.max_new_tokens = 16 + 20 * max_queries  # a short query is 5-20 tokens, plus list marks
+
+    def prompt(self, question: str, draft: str, intent: str) -> str:
+        n = self.max_queries
+        if has_cjk(question):
+            return (
+                f"请写最多{n}个简短的搜索查询，合起来能找到回答问题所缺少的信息，每个查询找一方面。\n"
+                f"问题：{question}\n当前回答：{draft or '（尚无）'}\n"
+                + (f"缺少：{intent}\n" if intent else "")
+                + "只回复查询本身，每行一个。"
+            )
+        return (
+            f"Write up to {n} short search queries that together would find the missing "
+            "information, each for a different part of it.\n"
+            f"Question: {question}\nAnswer so far: {draft or '(nothing yet)'}\n"
+            + (f"Missing: {intent}\n" if intent else "")
+            + "Reply with the queries only, one per line."
+        )
+
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
+        intent = _intent(decision) or strip_markers(decision.segment_text, marker_spec(decision.evidence))
+        reply = self.generator.generate(self.prompt(question, draft, intent), max_new_tokens=self.max_new_tokens)
+        searches = parse_subqueries(reply, self.max_queries, self.max_words)
+        if not searches:  # nothing usable: the one query the fallback builds, no second call
+            query = self.fallback.build(question, draft, decision, state)
+            query.llm_calls += 1
+            query.fallback_from = self.mode
+            return query
+        return Query(f" {SUBQUERY_SEPARATOR} ".join(searches), self.mode, intent, llm_calls=1,
+                     subqueries=searches)
+
+
 QueryBuilderFactory = Callable[[QueryConfig, "Generator | None"], QueryBuilder]
 
 
@@ -288,7 +377,7 @@ def _marker(config: QueryConfig, generator: Generator | None) -> MarkerQuery:
     # too-short marker phrases fall back to a rewrite when a model is at hand, else to masked
     fallback = (RewriteQuery(generator, config.max_words) if generator is not None
                 else MaskedQuery(config.include_question))
-    return MarkerQuery(config.min_marker_words, fallback)
+    return MarkerQuery(config.min_marker_words, fallback, config.max_subqueries)
 
 
 QUERY_BUILDERS: dict[str, QueryBuilderFactory] = {
@@ -298,6 +387,9 @@ QUERY_BUILDERS: dict[str, QueryBuilderFactory] = {
     "keywords": lambda config, generator: KeywordsQuery(config.include_question, config.max_words),
     "attention": lambda config, generator: AttentionQuery(
         config.include_question, MaskedQuery(config.include_question)
+    ),
+    "multi": lambda config, generator: MultiQuery(
+        generator, config.max_subqueries, config.max_words, MaskedQuery(config.include_question)
     ),
 }
 

@@ -26,9 +26,12 @@ __all__ = [
     "Query",
     "Hit",
     "Injection",
+    "HistoryFit",
     "TokenBudget",
     "RoundTrace",
     "Attribution",
+    "Suspicion",
+    "RemovedCitation",
     "RIGResult",
 ]
 
@@ -125,6 +128,14 @@ class Query:
     intent: str = ""
     llm_calls: int = 0
     fallback_from: str | None = None  # e.g. "marker" when a too-short marker phrase fell back
+    # several searches for one need (query mode `multi`, a marker's `a ## b`), merged by RRF;
+    # `text` then joins them with " ## ". Empty: `text` is the one search (older traces too).
+    subqueries: list[str] = field(default_factory=list)
+
+    @property
+    def searches(self) -> list[str]:
+        """What the controller searches for this query: the sub-queries, else `text` alone."""
+        return list(self.subqueries) or [self.text]
 
 
 @dataclass
@@ -153,6 +164,25 @@ class Injection:
     # length): a cut is recorded, never silent
     truncated: list[str] = field(default_factory=list)
     tokens_added: int = 0  # passage tokens the added passages occupy (ids, titles, headers included)
+    # passages shortened on the way in: chunk id -> {"before", "after" (tokens of the text),
+    # "mode" (extractive | abstractive), "text" (what the model read), "seconds"}
+    compressed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    passage_budget: int = 0  # the budget in force: max_retrieval_tokens, or passage_share of the window if smaller
+
+
+@dataclass
+class HistoryFit:
+    """What became of earlier turns beyond `max_history_tokens`: one summary turn, or dropped."""
+
+    kept_turns: int = 0  # the most recent turns, kept word for word
+    older_turns: int = 0  # the turns before them that did not fit
+    older_tokens: int = 0
+    summary: str = ""  # the generator's summary of the older turns; "" when they were dropped
+    summary_tokens: int = 0
+
+    @property
+    def dropped(self) -> bool:
+        return self.older_turns > 0 and not self.summary
 
 
 @dataclass
@@ -214,6 +244,28 @@ class Attribution:
     visible: list[str] = field(default_factory=list)  # chunk ids in context when it was written
     cited: str | None = None  # the supporting passage's chunk id; None when none supports it
     shared: int = 0  # content words it shares with the cited passage
+    # passages the model cited itself with [n] and could see (context.cite: model); `cited` is the first
+    model_cites: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Suspicion:
+    """An answer sentence holding facts (numbers, dates, names) that no passage it could see holds."""
+
+    sentence: int  # index into `RIGResult.attributions`
+    text: str
+    facts: list[str] = field(default_factory=list)  # the unsupported facts, as written
+
+
+@dataclass
+class RemovedCitation:
+    """A `[n]` the model wrote for a passage its sentence could not see: taken out of the answer."""
+
+    label: str  # as the model wrote it, e.g. "[4]"
+    number: int
+    chunk_id: str | None  # the passage with that number; None when no passage had it
+    sentence: int  # index into `RIGResult.attributions` of the sentence it was attached to
+    reason: str
 
 
 @dataclass
@@ -238,6 +290,12 @@ class RIGResult:
     errors: list[str] = field(default_factory=list)  # "round N: ..." per failed retrieval
     # what happened to passages given before the question (plain RAG): added, over budget, cut
     upfront: Injection | None = None
+    history: HistoryFit | None = None  # set when earlier turns exceeded max_history_tokens
+    # grounding checks (rigkit.grounding): sentences with facts no visible passage holds, model
+    # citations removed as unseen, and warnings such as an answer that cites nothing
+    suspicious: list[Suspicion] = field(default_factory=list)
+    removed_citations: list[RemovedCitation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     version: int = TRACE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,6 +315,9 @@ class RIGResult:
         data["passages"] = [Hit(**h) for h in data.get("passages", [])]
         data["attributions"] = [Attribution(**a) for a in data.get("attributions", [])]
         data["upfront"] = Injection(**data["upfront"]) if data.get("upfront") else None
+        data["history"] = HistoryFit(**data["history"]) if data.get("history") else None
+        data["suspicious"] = [Suspicion(**s) for s in data.get("suspicious", [])]
+        data["removed_citations"] = [RemovedCitation(**c) for c in data.get("removed_citations", [])]
         return cls(**data)
 
     @classmethod

@@ -20,8 +20,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rigkit"
 UPPER = ("cli", "serve", "widgets", "eval", "trigger", "finetune")  # the commands and their tools
 BUILD = ("build",)
 TEST_KIT = ("testing",)
-CORE = ("controller", "context", "generation", "retrieval", "deciders", "queries", "trace",
-        "config", "text", "transcript", "prompts", "citations", "markers", "corpus", "embeddings",
+CORE = ("controller", "context", "compression", "generation", "retrieval", "deciders", "queries", "trace",
+        "config", "text", "transcript", "prompts", "citations", "grounding", "markers", "corpus", "readers", "embeddings",
         "files", "errors", "streaming", "datasets", "http")
 # Turning a config into a part: the defining package and rigkit.build call these, nobody else.
 FACTORIES = {
@@ -29,6 +29,7 @@ FACTORIES = {
     "load_generator": "generation",
     "open_retriever": "retrieval",
     "open_index": "retrieval",
+    "reranker_from_config": "retrieval",
     "decider_from_config": "deciders",
     "build_query_builder": "queries",
     "RIGController": "controller",

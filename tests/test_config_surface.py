@@ -67,7 +67,7 @@ def test_reference_shows_types_and_defaults():
     assert "| integer | `3` |" in rows["retrieval.top_k"]
     assert "| string or null | `null` |" in rows["retrieval.index"]
     assert "| number | `1.5` |" in rows["retrieval.k1"]
-    assert "| `all-MiniLM-L6-v2` |" in rows["retrieval.embedding_model"]
+    assert "| `auto` |" in rows["retrieval.embedding_model"]  # MiniLM, or e5 for a mostly-Chinese corpus
     assert "| list of decider sections | `[]` |" in rows["decider.members"]
     assert "| mapping | `{}` |" in rows["decider.params"]
 

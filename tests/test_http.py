@@ -51,7 +51,7 @@ def test_the_remote_retriever_posts_the_search_r1_shape_and_reads_hits(monkeypat
     hits = _retriever(server, api_key_env="RIGKIT_TEST_INDEX_KEY").search_many(["Eiffel Tower", "Gustave"], 3)
     request = server.requests[0]
     assert str(request.url) == URL and request.method == "POST"  # the URL as given: no slash added
-    assert json.loads(request.content) == {"queries": ["Eiffel Tower", "Gustave"], "topk": 3}
+    assert json.loads(request.content) == {"queries": ["Eiffel Tower", "Gustave"], "topk": 3, "return_scores": True}
     assert request.headers["authorization"] == "Bearer secret"
     assert [[h.chunk_id for h in found] for found in hits] == [["eiffel#0"], ["eiffel#0"]]
     assert hits[0][0].title == "Eiffel Tower" and hits[0][0].score == 2.5

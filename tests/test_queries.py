@@ -144,7 +144,7 @@ def test_attention_mode_uses_qfs_words_else_masked():
 
 
 def test_registry_and_errors():
-    assert set(QUERY_BUILDERS) == {"marker", "masked", "rewrite", "keywords", "attention"}
+    assert set(QUERY_BUILDERS) == {"marker", "masked", "rewrite", "keywords", "attention", "multi"}
     for mode in ("marker", "masked", "keywords", "attention"):
         assert build_query_builder(QueryConfig(mode=mode)).mode == mode
     with pytest.raises(InputError, match="needs a generator"):

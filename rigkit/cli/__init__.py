@@ -10,7 +10,7 @@ import traceback
 
 from rigkit.errors import RigkitError
 
-__all__ = ["main", "add_config_options", "run_config", "check_text", "check_model_path",
+__all__ = ["main", "add_config_options", "add_rerank_option", "run_config", "check_text", "check_model_path",
            "check_out", "safe_terminal"]
 
 # Each module adds its sub-commands and sets `func(args) -> int` on its parsers.
@@ -80,6 +80,14 @@ def add_config_options(parser: argparse.ArgumentParser, what: str = "") -> None:
                         help="set one config key, e.g. --set retrieval.top_k=5 or --set "
                              "decider.params.threshold=0.3 (repeatable; over --config, under the "
                              "command's own flags)")
+
+
+def add_rerank_option(parser: argparse.ArgumentParser) -> None:
+    """`--rerank [upr|MODEL]`: retrieval.rerank (bare `--rerank` is upr, the generator's own score)."""
+    parser.add_argument("--rerank", nargs="?", const="upr", default=None, metavar="upr|MODEL",
+                        help="rerank retrieval.rerank_candidates hits (20) and keep top-k: upr (the "
+                             "generator scores log p(query | passage); the default of a bare "
+                             "--rerank), none, or a cross-encoder hub id / path")
 
 
 def run_config(args: argparse.Namespace, **flags: dict):

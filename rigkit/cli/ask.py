@@ -7,7 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from rigkit.cli import add_config_options
+from rigkit.citations import source_label
+from rigkit.cli import add_config_options, add_rerank_option
 from rigkit.config import DeciderConfig, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.trace import RIGResult, RoundTrace
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="smollm2-135m-instruct (default), a hub id or a local path")
     p.add_argument("--decider", help="marker|prob|entropy|keyword|classifier|composite|always|every_n|never")
     p.add_argument("--threshold", type=float, help="the decider's threshold")
-    p.add_argument("--query-mode", help="marker|masked|rewrite|keywords|attention")
+    p.add_argument("--query-mode", help="marker|masked|rewrite|keywords|attention|multi "
+                   "(multi: up to query.max_subqueries searches, merged by RRF)")
     p.add_argument("--marker-protocol", metavar="NAME|PATH",
                    help="openrig (default) | search-r1 | r1-searcher | self-rag | a .yaml/.json protocol file; "
                         "implies --decider marker --query-mode marker unless they are given")
@@ -36,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(auto: the decider's own policy)")
     p.add_argument("--layout", choices=["append", "prefix"], help="where passages go in the context")
     p.add_argument("--no-cache", action="store_true", help="do not reuse the KV cache across rounds")
+    p.add_argument("--grounded", action="store_true",
+                   help="answer only from the passages and cite them as [n]; unseen citations are removed "
+                        "(context.grounding=strict, context.cite=model)")
+    add_rerank_option(p)
+    p.add_argument("--filter", action="append", metavar="KEY=VALUE",
+                   help="search only chunks whose metadata passes, repeatable: lang=en, year>=1990, "
+                   "modified<2024-01-01 (replaces retrieval.filters; docs/retrieval.md)")
     add_generator_flags(p)
     add_config_options(p)
     p.add_argument("--json", action="store_true", help="print exactly the RIGResult JSON on stdout")
@@ -73,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from rigkit.build import build_controller, uses_markers
     from rigkit.cli import check_decider_params, check_index, check_model_path, check_text
     from rigkit.markers import resolve_protocol
+    from rigkit.retrieval.filters import parse_filters
 
     check_text(args.question)
     check_model_path(args.model)
@@ -85,15 +95,18 @@ def run(args: argparse.Namespace) -> int:
         base = dataclasses.replace(base, decider=DeciderConfig(name=decider))
     config = apply_settings(base, args.settings).override(
         generator=generator_overrides(args),
-        retrieval={"corpus": args.corpus, "index": args.index or args.retriever},
+        retrieval={"corpus": args.corpus, "index": args.index or args.retriever, "rerank": args.rerank,
+                   "filters": args.filter},
         decider={"name": decider, "threshold": args.threshold, "trigger_model": args.trigger_model},
         query={"mode": query_mode},
-        context={"layout": args.layout, "marker_protocol": args.marker_protocol},
+        context={"layout": args.layout, "marker_protocol": args.marker_protocol,
+                 "grounding": "strict" if args.grounded else None, "cite": "model" if args.grounded else None},
         controller={"max_rounds": args.max_rounds, "policy": args.policy},
     )
     _check_names(config.decider.name, config.query.mode)
     check_decider_params(config.decider)
     check_index(config.retrieval.index)
+    parse_filters(config.retrieval.filters)  # a malformed filter fails now; its keys with the index
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)  # bad file: fail now
     _check_generator(config.generator)
     for path in (config.retrieval.corpus, config.retrieval.index):
@@ -178,7 +191,7 @@ def format_round(trace: RoundTrace) -> str:
         lines.append(f"query     {trace.query.text!r}  (mode {trace.query.mode}, extra model calls {trace.query.llm_calls})")
     for rank, hit in enumerate(trace.hits, 1):
         ranks = " ".join(f"{k}#{v}" for k, v in hit.ranks.items())
-        lines.append(f"hit {rank}     [{_safe(hit.chunk_id)}] {_safe(hit.title)}  ({ranks})")
+        lines.append(f"hit {rank}     [{_safe(hit.chunk_id)}] {_safe(source_label(hit))}  ({ranks})")
     if trace.injection is not None:
         inj = trace.injection
         lines.append(
@@ -201,12 +214,22 @@ def _safe(text: str) -> str:
     return safe_terminal(text)
 
 
+def _sources(result: RIGResult) -> list[str]:
+    """`sources` line: where each cited passage comes from (file, page, section)."""
+    by_id = {h.chunk_id: h for h in result.passages}
+    cited = [by_id[c] for c in result.citations if c in by_id]
+    if all(source_label(h) == h.title for h in cited):
+        return []  # the titles already say it (a JSONL corpus): the output stays as it was
+    return [f"sources   {'; '.join(_safe(f'{h.chunk_id}: {source_label(h)}') for h in cited)}"]
+
+
 def format_result(result: RIGResult) -> str:
     t = result.tokens
     lines = [
         "═" * 64,
         f"answer    {result.answer}",
         f"citations {', '.join(result.citations) or '-'}",
+        *_sources(result),
         f"retrievals {result.used_retrieval_times}   low confidence: {result.low_confidence}"
         + (f"   policy: {result.policy}" if result.policy else ""),
         f"tokens    generated {t['generated']}, pre-filled {t['prefilled']}, reused {_reused(t['reused'])}"
@@ -219,4 +242,6 @@ def format_result(result: RIGResult) -> str:
         lines.append(f"errors    {len(result.errors)} retrieval(s) failed"
                      + (" (every retrieval failed: this answer had no retrieval)" if failed_all else ""))
         lines += [f"          {e}" for e in result.errors]
+    lines += [f"warning   {_safe(w)}" for w in result.warnings]
+    lines += [f"suspicious {_safe(s.text)!r} ({', '.join(map(_safe, s.facts))})" for s in result.suspicious]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ Re-running the same command resumes; `rigkit report DIR` rebuilds the report."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from rigkit.cli import add_config_options
+    from rigkit.cli import add_config_options, add_rerank_option
 
     ev = subparsers.add_parser(
         "eval", help="evaluate closed-book, RAG and RIG systems on a QA set (resumable)",
@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
                     help="stored split of the data set to evaluate (default: %(default)s)")
     ev.add_argument("--out", required=True, help="run folder: results.jsonl, meta.json, report")
+    add_rerank_option(ev)
     ev.add_argument("--no-faithfulness", action="store_true",
                     help="skip the embedding-based faithfulness check")
     ev.add_argument("--no-traces", action="store_true", help="do not keep full traces")
@@ -61,6 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     rp = subparsers.add_parser("report", help="write DIR/report.html and DIR/report.md")
     rp.add_argument("dir", help="a run folder written by `rigkit eval`")
+    rp.add_argument("--baseline", default="rag",
+                    help="the system every other is compared with, question by question (default rag)")
     rp.add_argument("--json", action="store_true", help="print the paths as JSON on stdout")
     rp.set_defaults(func=_run_report)
 
@@ -85,6 +88,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     for flag, path in (("--qa", args.qa), ("--config", args.config)):
         if path and not Path(path).exists():
             raise InputError(f"{flag} {path}: file not found")
+    if args.rerank:  # a setting like any other, so the run folder records it
+        args.settings = [*args.settings, f"retrieval.rerank={args.rerank}"]
     config = run_config(args)  # checked here: before the model loads
     check_decider_params(config.decider)
     check_index(args.index or config.retrieval.index)
@@ -133,7 +138,7 @@ def _run_merge(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from rigkit.eval.report import write_report
 
-    path = write_report(args.dir)
+    path = write_report(args.dir, args.baseline)
     md = Path(args.dir) / "report.md"
     if args.json:
         print(json.dumps({"html": str(path), "markdown": str(md)}))

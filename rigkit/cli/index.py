@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from rigkit.errors import InputError
+from rigkit.retrieval.tokenize import use_user_dict
 
 __all__ = ["register"]
 
@@ -38,8 +39,9 @@ def _add_build(actions) -> None:
         description="Chunk a corpus and build both indexes with the retrieval section of the run "
         "config: embedding_model, chunk_size, overlap, bm25_method, k1, b, dense_index "
         "(e.g. --set retrieval.dense_index=hnsw; docs/config.md).")
-    build.add_argument("--corpus", help="JSONL file, or folder of .md/.txt files "
-                       "(default: retrieval.corpus of --config)")
+    build.add_argument("--corpus", help="a JSONL, .pdf, .docx, .html, .md or .txt file, or a folder "
+                       "of them (default: retrieval.corpus of --config); rebuilding into the same "
+                       "--out re-embeds only new and changed files")
     build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
     add_config_options(build)
     build.add_argument("--chunk-size", type=int, default=None,
@@ -52,11 +54,13 @@ def _add_build(actions) -> None:
     )
     build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
     build.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    build.add_argument("--strict", action="store_true",
+                       help="exit 1 when any file was skipped as unreadable (the rest is indexed)")
     build.set_defaults(func=_build)
 
 
 def _add_search(subparsers) -> None:
-    from rigkit.cli import add_config_options
+    from rigkit.cli import add_config_options, add_rerank_option
 
     search = subparsers.add_parser("search", help="ranked hits for a query from a saved index")
     search.add_argument("dir", help="index folder")
@@ -69,13 +73,17 @@ def _add_search(subparsers) -> None:
     search.add_argument(
         "--embedding-model", default=None, help="refuse the index unless built with it"
     )
+    add_rerank_option(search)
+    search.add_argument("--filter", action="append", metavar="KEY=VALUE",
+                        help="only chunks whose metadata passes, repeatable: lang=en, year>=1990, "
+                        "modified<2024-01-01, page<=3, source=a.pdf,b.pdf (replaces retrieval.filters)")
     add_config_options(search)
     search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     search.set_defaults(func=_search)
 
 
 def _add_eval(subparsers) -> None:
-    from rigkit.cli import add_config_options
+    from rigkit.cli import add_config_options, add_rerank_option
 
     ev = subparsers.add_parser(
         "eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set"
@@ -98,6 +106,11 @@ def _add_eval(subparsers) -> None:
     ev.add_argument("--modes", default="bm25,dense,hybrid")
     ev.add_argument("--bm25-backend", choices=("bm25s", "rank_bm25"),
                     help="retrieval.bm25_backend (default bm25s)")
+    add_rerank_option(ev)  # adds the mode hybrid+rerank: the hybrid's candidates reranked
+    ev.add_argument("--multi-query", type=int, metavar="N",
+                    help="adds the modes multi and multi+q: the model writes up to N queries per "
+                    "question (query mode multi), their hybrid lists merged by RRF (+q: with the "
+                    "question's own list)")
     add_config_options(ev)
     ev.add_argument("--json", action="store_true", help='print {mode: {"recall@1", ..., "mrr"}}')
     ev.set_defaults(func=_eval)
@@ -118,6 +131,7 @@ def _build(args: argparse.Namespace) -> int:
 
     check_out(args.out)
     r = run_config(args, retrieval={"corpus": args.corpus, "chunk_size": args.chunk_size}).retrieval
+    use_user_dict(r.user_dict)
     if r.corpus is None:
         raise InputError("index build needs a corpus: --corpus FILE (or retrieval.corpus in --config)")
     if not Path(r.corpus).exists():
@@ -145,7 +159,9 @@ def _build(args: argparse.Namespace) -> int:
         f"{m['chunking']['overlap']}{', unsplit' if args.no_split else ''}) in "
         f"{time.perf_counter() - started:.1f} s; timings {m['timings']}"
     )
-    return 0
+    for line in index.report.lines():
+        print(line)
+    return 1 if args.strict and index.report.skipped else 0
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -168,13 +184,19 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from rigkit.citations import source_label
     from rigkit.cli import check_text, run_config, safe_terminal
     from rigkit.retrieval import Index
 
     check_text(args.query, "the query")
-    r = run_config(args, retrieval={"mode": args.mode, "bm25_backend": args.bm25_backend}).retrieval
+    from rigkit.build import with_filters
+
+    config = run_config(args, retrieval={"mode": args.mode, "bm25_backend": args.bm25_backend,
+                                         "rerank": args.rerank, "filters": args.filter})
+    r = config.retrieval
+    use_user_dict(r.user_dict)
     index = Index.load(args.dir, embedding_model=args.embedding_model)
-    hits = _retriever(index, r).search(args.query, args.top_k)
+    hits = _reranked(with_filters(_retriever(index, r), r), config).search(args.query, args.top_k)
     if args.json:
         print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=1))
         return 0
@@ -182,7 +204,7 @@ def _search(args: argparse.Namespace) -> int:
         why = "  ".join(f"{name} #{r} ({hit.scores[name]:.3f})" for name, r in hit.ranks.items())
         text = " ".join(hit.text.split())
         print(
-            f"{rank:>2}. [{safe_terminal(hit.chunk_id)}] {safe_terminal(hit.title)}\n    {why}\n    "
+            f"{rank:>2}. [{safe_terminal(hit.chunk_id)}] {safe_terminal(source_label(hit))}\n    {why}\n    "
             f"{safe_terminal(text[:160])}{'...' if len(text) > 160 else ''}"
         )
     if not hits:
@@ -197,13 +219,38 @@ def _retriever(index, r):
                            bm25_weight=r.bm25_weight, dense_weight=r.dense_weight)
 
 
+def _reranked(retriever, config):
+    """`retriever` behind `retrieval.rerank`; the generator is loaded only for upr."""
+    from rigkit import build
+
+    if config.retrieval.rerank == "none":
+        return retriever
+    generator = build.build_generator(config.generator) if config.retrieval.rerank == "upr" else None
+    return build.with_reranker(retriever, config.retrieval, generator)
+
+
+def _subqueries(config, n: int):
+    """question -> the searches the multi-query builder writes for it (the question as the need)."""
+    from rigkit import build
+    from rigkit.queries import MultiQuery
+    from rigkit.trace import Decision
+
+    if n < 1:
+        raise InputError(f"--multi-query must be at least 1, got {n}")
+    builder = MultiQuery(build.build_generator(config.generator), n, config.query.max_words)
+    return lambda question: builder.build(question, "", Decision(True, 1.0, "the question")).searches
+
+
 def _eval(args: argparse.Namespace) -> int:
     from rigkit.cli import run_config
     from rigkit.datasets import load_qa, split_questions
     from rigkit.retrieval import Index
-    from rigkit.retrieval.evaluation import evaluate_retrieval
+    from rigkit.retrieval.evaluation import MULTI_MODES, RERANKED_MODE, evaluate_retrieval
 
-    r = run_config(args, retrieval={"index": args.index, "bm25_backend": args.bm25_backend}).retrieval
+    config = run_config(args, retrieval={"index": args.index, "bm25_backend": args.bm25_backend,
+                                         "rerank": args.rerank})
+    r = config.retrieval
+    use_user_dict(r.user_dict)
     if r.index is None:
         raise InputError("eval-retrieval needs an index: --index DIR (or retrieval.index in --config)")
     _setup_logging()
@@ -212,8 +259,17 @@ def _eval(args: argparse.Namespace) -> int:
         rows = split_questions(rows, Path(args.qa).parent, args.split)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     index = Index.load(r.index)
+    rerank = None
+    if r.rerank != "none":  # the hybrid's candidates reranked: one more mode, beside the others
+        rerank = _reranked(index.retriever("hybrid", bm25_backend=r.bm25_backend), config)
+        modes += [] if RERANKED_MODE in modes else [RERANKED_MODE]
+    subqueries = None
+    if args.multi_query is not None:  # the question is the need; the model writes the searches
+        subqueries = _subqueries(config, args.multi_query)
+        modes += [m for m in MULTI_MODES if m not in modes]
     started = time.perf_counter()
-    result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=r.bm25_backend)
+    result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=r.bm25_backend,
+                                rerank=rerank, subqueries=subqueries)
     log.info(
         "%d questions, %d chunks, %.1f s",
         len(rows),
@@ -224,10 +280,12 @@ def _eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(
-        f"{'mode':<8} {'recall@1':>9} {'recall@5':>9} {'recall@10':>10} {'mrr':>7}   (by {args.by})"
+        f"{'mode':<14} {'recall@1':>9} {'recall@5':>9} {'recall@10':>10} {'mrr':>7}   (by {args.by})"
     )
     for mode, v in result.items():
+        added = f"   +{v['added_ms_per_query']:.0f} ms/query" if "added_ms_per_query" in v else ""
         print(
-            f"{mode:<8} {v['recall@1']:>9.3f} {v['recall@5']:>9.3f} {v['recall@10']:>10.3f} {v['mrr']:>7.3f}"
+            f"{mode:<14} {v['recall@1']:>9.3f} {v['recall@5']:>9.3f} {v['recall@10']:>10.3f} "
+            f"{v['mrr']:>7.3f}{added}"
         )
     return 0

@@ -101,7 +101,7 @@ def _load_parts(cfg: RunConfig, specs: list, generator: Any, retriever: Any) -> 
             # the retriever would fall back to the demo corpus: wrong passages, silently.
             raise InputError("systems that retrieve need an index: pass --index DIR (build one "
                              "with `rigkit index build`) or set retrieval.index / retrieval.corpus")
-        retriever = build_retriever(cfg.retrieval)
+        retriever = build_retriever(cfg.retrieval, generator)  # the generator: for a upr rerank
     return generator, retriever
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from rigkit.eval.aggregate import ALL_TYPES, GroupStats, row_field
+from rigkit.eval.paired import PairedComparison
 
 __all__ = ["accuracy_figure", "latency_figure", "retrievals_figure", "scatter_figure",
-           "support_figure", "retrieval_errors_figure", "has_support_metrics", "has_retrieval_errors",
+           "paired_figure", "support_figure", "retrieval_errors_figure", "has_support_metrics", "has_retrieval_errors",
            "SUPPORT"]
 
 # Raw EM first and the extracted short answer's EM beside it, never instead of it.
@@ -116,6 +117,26 @@ def scatter_figure(groups: list[GroupStats]) -> Any:
         hovertemplate="%{text}<br>retrievals %{x:.2f}, F1 %{y:.3f}<extra></extra>")
     fig.update_layout(height=420, title="Accuracy (F1) vs retrievals per question",
                       xaxis_title="retrievals per question (mean)", yaxis_title="F1")
+    return fig
+
+
+def paired_figure(comparisons: list[PairedComparison]) -> Any:
+    """Each system's per-question difference from the baseline, with its bootstrap interval."""
+    go, _ = _go()
+    fig = go.Figure()
+    for metric in dict.fromkeys(c.metric for c in comparisons):
+        rows = [c for c in comparisons if c.metric == metric]
+        fig.add_scatter(
+            x=[c.difference for c in rows], y=[c.system for c in rows], mode="markers", name=metric,
+            error_x={"type": "data", "symmetric": False, "array": [c.high - c.difference for c in rows],
+                     "arrayminus": [c.difference - c.low for c in rows]},
+            text=[f"{c.wins} wins / {c.losses} losses, p={c.p_value:.3g}" for c in rows],
+            hovertemplate="%{y}: %{x:+.3f}<br>%{text}<extra>" + metric + "</extra>")
+    fig.add_vline(x=0, line_dash="dot")
+    baseline = comparisons[0].baseline if comparisons else ""
+    fig.update_layout(height=120 + 40 * len({c.system for c in comparisons}), legend_title="metric",
+                      title=f"Difference from {baseline} on the same questions (95% interval)",
+                      xaxis_title=f"system - {baseline}")
     return fig
 
 

@@ -274,6 +274,9 @@ def score_result(
         "support_recall_pid": by_pid,
         "passages_injected": len(hits),
         "citation_precision": citation_precision(result, item, hits),
+        # answer sentences whose facts no passage they could see holds (rigkit.grounding); None
+        # without passages, where the check does not run
+        "suspicious_share": len(result.suspicious) / len(result.attributions) if hits and result.attributions else None,
         **_trace_counts(result),
         "timings": _stage_timings(result),
     }

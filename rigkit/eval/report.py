@@ -18,6 +18,7 @@ from typing import Any
 
 from rigkit.errors import InputError
 from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, stage_names
+from rigkit.eval.paired import PairedComparison, compare_systems
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
@@ -25,11 +26,14 @@ __all__ = ["META_FILE", "load_run", "report_tables", "markdown_report", "report_
            "write_report"]
 
 META_FILE = "meta.json"
+DEFAULT_BASELINE = "rag"  # what the paired comparisons are against
 QUALITY = ("em", "f1", "em_extracted", "f1_extracted", "cover_em", "support_recall",
            "support_recall_pid", "citation_precision", "all_sentences_supported",
            "sentence_support_share")
 COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
         "tokens_reused", "forward_passes", "extra_model_calls", "latency")
+# "better" and "cheaper" read together: the headline figures, then what they cost per question
+HEADLINE = ("cover_em", "f1", "support_recall", "retrievals", "extra_model_calls", "tokens_prefilled")
 BY_TYPE = ("em", "f1", "em_extracted", "cover_em", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
@@ -81,14 +85,31 @@ def _latency_table(groups: list[GroupStats], stages: list[str]) -> Table:
     return header, rows
 
 
-def report_tables(rows: list[dict[str, Any]]) -> dict[str, Table]:
-    """Named tables (quality, cost, by type, latency) computed from result lines."""
+def _paired_table(comparisons: list[PairedComparison]) -> Table:
+    header = ["System", "Metric", "Pairs", "Difference", "95% interval", "Wins / losses", "p (exact)"]
+    rows = [[c.system, _LABEL[c.metric], str(c.pairs), f"{c.difference:+.3f}",
+             f"[{c.low:+.3f}, {c.high:+.3f}]", f"{c.wins} / {c.losses}", f"{c.p_value:.3g}"]
+            for c in comparisons]
+    return header, rows
+
+
+def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> dict[str, Table]:
+    """Named tables (quality, cost, paired comparisons, by type, latency) from result lines."""
     groups = aggregate(rows)
     overall = [g for g in groups if g.type == ALL_TYPES]
     typed = [g for g in groups if g.type != ALL_TYPES]
+    comparisons = compare_systems(rows, baseline)
+    headline = _metric_table(overall, HEADLINE, False)
+    headline[0].append("Latency p50 (s)")
+    for row, g in zip(headline[1], overall):
+        row.append("–" if g.latency_p50 is None else f"{g.latency_p50:.2f}")
     return {
         "Answer quality and evidence": _metric_table(overall, QUALITY, False),
+        "Quality beside cost": headline,
         "Cost": _metric_table(overall, COST, False),
+        # only when the baseline ran beside other systems
+        **({f"Paired against {baseline} (same questions; bootstrap interval, exact sign / McNemar test)":
+            _paired_table(comparisons)} if comparisons else {}),
         "By question type": _metric_table(typed, BY_TYPE, True),
         "Latency per question by stage (mean), p50 / p95": _latency_table(overall, stage_names(rows)),
     }
@@ -122,25 +143,28 @@ def _markdown_table(table: Table) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> str:
     parts = ["# rigkit evaluation", "", *(line + "  " for line in _describe(meta, rows)), ""]
-    for title, table in report_tables(rows).items():
+    for title, table in report_tables(rows, baseline).items():
         parts += [f"## {title}", "", _markdown_table(table), ""]
     return "\n".join(parts)
 
 
-def report_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def report_figures(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> dict[str, Any]:
     """The plotly figures, by title (plotly imported here, never by the core): four always, plus
-    citations / support and retrieval errors when the rows have them."""
+    paired differences, citations / support and retrieval errors when the rows have them."""
     from rigkit.eval import figures
 
     groups = aggregate(rows)
+    comparisons = compare_systems(rows, baseline)
     return {
         "Accuracy by system and question type": figures.accuracy_figure(groups),
         "Latency per question by stage": figures.latency_figure(
             [g for g in groups if g.type == ALL_TYPES], stage_names(rows)),
         "Retrievals per question": figures.retrievals_figure(rows),
         "Accuracy vs retrievals": figures.scatter_figure(groups),
+        **({f"Difference from {baseline} (95% interval)": figures.paired_figure(comparisons)}
+           if comparisons else {}),
         # drawn only when they would show something: a run without citations or errors has none
         **({"Citations and support": figures.support_figure(groups)}
            if figures.has_support_metrics(groups) else {}),
@@ -162,12 +186,12 @@ padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 th{background:#f3f3f3}.note{color:#555}"""
 
 
-def html_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def html_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> str:
     parts = [f"<p class='note'>{html.escape(line.replace('`', ''))}</p>"
              for line in _describe(meta, rows)]
-    for title, table in report_tables(rows).items():
+    for title, table in report_tables(rows, baseline).items():
         parts += [f"<h2>{html.escape(title)}</h2>", _html_table(table)]
-    for i, (title, fig) in enumerate(report_figures(rows).items()):
+    for i, (title, fig) in enumerate(report_figures(rows, baseline).items()):
         parts.append(f"<h2>{html.escape(title)}</h2>")
         # plotly.js once, inline, before the first figure: the file works offline.
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), default_width="100%"))
@@ -177,13 +201,18 @@ def html_report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"<p class='note'>Written {stamp}.</p>{''.join(parts)}</body></html>")
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write run_dir/report.md and run_dir/report.html; returns the HTML path."""
+def write_report(run_dir: str | Path, baseline: str = DEFAULT_BASELINE) -> Path:
+    """Write run_dir/report.md and run_dir/report.html; returns the HTML path.
+
+    Systems are compared question by question against `baseline` when it is among them."""
     folder = Path(run_dir)
     meta, rows = load_run(folder)
     if not rows:
         raise InputError(f"{folder / RESULTS_FILE} holds no complete result lines yet")
-    atomic_write_text(folder / "report.md", markdown_report(meta, rows))
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    if baseline != DEFAULT_BASELINE and baseline not in systems:
+        raise InputError(f"--baseline {baseline}: not a system of this run; its systems: {', '.join(systems)}")
+    atomic_write_text(folder / "report.md", markdown_report(meta, rows, baseline))
     target = folder / "report.html"
-    atomic_write_text(target, html_report(meta, rows))
+    atomic_write_text(target, html_report(meta, rows, baseline))
     return target

@@ -6,7 +6,14 @@ holds `MarkerProtocol`, the presets (`openrig` by default, `search-r1`, `r1-sear
 `self-rag`) and the protocol file format.
 """
 
-from rigkit.markers.parsing import Marker, find_markers, neutralize_markers, strip_markers
+from rigkit.markers.parsing import (
+    SUBQUERY_SEPARATOR,
+    Marker,
+    find_markers,
+    neutralize_markers,
+    split_subqueries,
+    strip_markers,
+)
 from rigkit.markers.protocol import (
     DEFAULT_PROTOCOL,
     PRESETS,
@@ -27,6 +34,8 @@ __all__ = [
     "find_markers",
     "strip_markers",
     "neutralize_markers",
+    "SUBQUERY_SEPARATOR",
+    "split_subqueries",
     "MarkerProtocol",
     "MarkerProtocolError",
     "PRESETS",

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Marker", "find_markers", "strip_markers", "neutralize_markers", "word_tag", "check_tags",
-    "tidy_spacing",
+    "tidy_spacing", "SUBQUERY_SEPARATOR", "split_subqueries",
 ]
 
 TagSpec = Union[str, "tuple[str, str]", "MarkerProtocol"]  # a word tag ("retrieve"), (open, close) or a protocol
@@ -186,6 +186,16 @@ def strip_markers(text: str, tag: TagSpec = "retrieve") -> str:
     if cut is not None:
         out = out[:cut]
     return tidy_spacing(out)
+
+
+# ParallelSearch's notation for several searches in one marker: <search>q1 ## q2</search>
+SUBQUERY_SEPARATOR = "##"
+_SUBQUERY_SPLIT = re.compile(r"\s*(?:##|＃＃)\s*")  # the full-width form too
+
+
+def split_subqueries(phrase: str) -> list[str]:
+    """A marker phrase's searches, split on `##` (or `＃＃`): stripped, empty ones left out."""
+    return [part.strip() for part in _SUBQUERY_SPLIT.split(phrase) if part.strip()]
 
 
 def tidy_spacing(text: str) -> str:

@@ -1,7 +1,9 @@
 """Hybrid retrieval for RIG: BM25 + dense vectors fused by Reciprocal Rank Fusion, saved indexes.
 
 `open_retriever(config)` is what the RIG loop calls; `Index.build` / `Index.load` manage saved
-indexes; the three retrievers can also be built directly from a chunk list.
+indexes; the three retrievers can also be built directly from a chunk list. A `Reranker`
+(cross-encoder, or the generator's own query likelihood) reorders a retriever's candidates
+behind `RerankedRetriever`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from rigkit.retrieval.dense import DenseRetriever
 from rigkit.retrieval.factory import RETRIEVERS, demo_corpus_path, open_index, open_retriever
 from rigkit.retrieval.hybrid import HybridRetriever, rrf_scores
 from rigkit.retrieval.index import Index
+from rigkit.retrieval.rerank import (
+    CrossEncoderReranker,
+    QueryLikelihoodReranker,
+    RerankedRetriever,
+    Reranker,
+)
 
 __all__ = [
     "Retriever",
@@ -26,4 +34,8 @@ __all__ = [
     "DenseRetriever",
     "HybridRetriever",
     "rrf_scores",
+    "Reranker",
+    "RerankedRetriever",
+    "QueryLikelihoodReranker",
+    "CrossEncoderReranker",
 ]

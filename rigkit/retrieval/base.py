@@ -3,6 +3,10 @@
 Built-in retrievers also score every chunk of their chunk list (`ScoresChunks`), which lets a
 hybrid show a chunk's exact rank in a retriever that did not list it. Any other retriever is
 fused by the chunk ids of its hits.
+
+Metadata filters: the built-in retrievers take `search(query, top_k, filters=...)` (any form
+`rigkit.retrieval.filters.parse_filters` reads) and filter before `top_k` is cut. A retriever of
+your own needs no `filters` parameter until someone filters: then it is a clear error.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from rigkit.trace import Hit
 
 if TYPE_CHECKING:
     from rigkit.corpus import Chunk
+    from rigkit.retrieval.filters import Filters
     from rigkit.retrieval.ranking import Scored
 
 __all__ = ["Retriever", "ScoresChunks", "NoRetriever"]
@@ -32,8 +37,8 @@ class ScoresChunks(Protocol):
 
     chunks: Sequence[Chunk]
 
-    def scored(self, query: str, depth: int) -> Scored:
-        """Its best `depth` chunks, and the exact rank / score of any other on demand."""
+    def scored(self, query: str, depth: int, filters: Filters | None = None) -> Scored:
+        """Its best `depth` chunks passing `filters`, and the exact rank / score of any other."""
         ...
 
 

@@ -7,6 +7,8 @@ Both use the same tokens (`rigkit.retrieval.tokenize`) and the same variant and 
 - "lucene" (default): idf = log(1 + (N - df + .5) / (df + .5)); reproduces the reference figures.
 - "robertson": idf = log((N - df + .5) / (df + .5)) floored at 0 (= BM25Okapi with epsilon=0).
 rank_bm25 scores are (k1 + 1) times bm25s's; we divide them back so both report the same numbers.
+Metadata filters (`rigkit.retrieval.filters`) zero the scores of the chunks that fail them before
+the top list is cut (what bm25s's `weight_mask` does), so a filtered search is exact and full.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
+from rigkit.retrieval.filters import ChunkFilter, Filters, parse_filters
 from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
 from rigkit.retrieval.tokenize import tokenize, tokenize_many
 from rigkit.trace import Hit
@@ -90,6 +93,7 @@ class BM25Retriever:
         self.chunks = chunks
         self.engine = engine
         self.backend, self.method, self.k1, self.b = backend, method, k1, b
+        self._chunk_filter: ChunkFilter | None = None
 
     @classmethod
     def build(
@@ -122,12 +126,22 @@ class BM25Retriever:
     def load(cls, folder: str | Path, chunks: Sequence[Chunk], method: str, k1: float, b: float):
         return cls(chunks, _Bm25sEngine.load(Path(folder)), "bm25s", method, k1, b)
 
-    def scored(self, query: str, depth: int) -> Scored:
-        """Scores of every chunk for `query` (shape (n_chunks,)) and the best `depth` non-zero."""
+    def scored(self, query: str, depth: int, filters: Filters | None = None) -> Scored:
+        """Scores of every chunk for `query` (shape (n_chunks,)) and the best `depth` non-zero;
+        chunks failing `filters` score 0."""
         scores = np.asarray(self.engine.scores(tokenize(query)), dtype=np.float64)
+        if filters:
+            scores = np.where(self.filter_mask(filters), scores, 0.0)
         ranked = [(int(i), float(scores[i])) for i in top_indices(scores, depth) if scores[i] > 0]
         return Scored(self.name, ranked, full=scores)
 
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
-        scored = self.scored(query, top_k * 2)  # room for near-duplicates that collapse
+    def filter_mask(self, filters: Filters) -> np.ndarray:
+        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
+        if self._chunk_filter is None:
+            self._chunk_filter = ChunkFilter(self.chunks)
+        return self._chunk_filter.mask(filters)
+
+    def search(self, query: str, top_k: int = 5, filters=None) -> list[Hit]:
+        """Hits best first; `filters` (any form `parse_filters` takes) restricts the chunks."""
+        scored = self.scored(query, top_k * 2, parse_filters(filters))  # room for near-duplicates
         return hits_from_scored(scored, self.chunks, top_k)

@@ -1,10 +1,17 @@
 """Dense retrieval: sentence-transformer embeddings (normalised) in a faiss inner-product index.
 
+Chunks and queries are embedded with their own role (`embed_texts(..., role=)`): e5 was trained
+with `passage: ` and `query: ` prefixes, MiniLM ignores the role.
+
 Normalised vectors make inner product = cosine similarity. `IndexFlatIP` is exact and the default;
 for large corpora `hnsw` (graph, Malkov & Yashunin 2018) or `ivf` (inverted lists over k-means
 cells) trade a little recall for speed: `bench/retrieval.py` reports how much. Exact ranks and
 scores of chunks outside the top list come from the stored vectors, so fused hits can show every
 retriever's view even when one retriever did not list them.
+A search with metadata filters (`rigkit.retrieval.filters`) is exact whatever the index kind: it
+scores every chunk from the stored vectors (one matrix-vector product, the cost of a flat search)
+and ranks the chunks that pass, so `top_k` stays full where a filtered approximate search (faiss's
+`IDSelector` on HNSW or IVF) could come back short.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import numpy as np
 from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
-from rigkit.retrieval.ranking import Scored, hits_from_scored
+from rigkit.retrieval.filters import ChunkFilter, Filters, parse_filters
+from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
 from rigkit.trace import Hit
 
 __all__ = ["DENSE_INDEXES", "build_faiss_index", "embed_texts", "DenseRetriever"]
@@ -28,20 +36,27 @@ DENSE_INDEXES = ("flat", "hnsw", "ivf")
 HNSW_M = 32  # graph degree; faiss's usual default for ~100k vectors
 HNSW_EF_SEARCH = 64
 IVF_PROBE_SHARE = 1 / 16  # share of cells visited per query
+ROLES = ("document", "query")  # sentence-transformers' prompt names
 QUERY_CACHE_SIZE = 256  # recent query vectors kept: repeated questions, `--runs N`, a served index
 
 
 def embed_texts(
-    embedder, texts: Sequence[str], batch_size: int = 64, progress: bool = False
+    embedder, texts: Sequence[str], batch_size: int = 64, progress: bool = False,
+    role: str = "document",
 ) -> np.ndarray:
     """(n, dim) float32 unit vectors; sentence-transformers batches and sorts by length.
 
-    With `progress`, texts go in blocks of a few batches under a tqdm bar (chunks/s and ETA; a
-    widget in a notebook)."""
+    `role` is "document" (chunks) or "query" (questions): a model trained with prompts (e5's
+    `query: ` / `passage: `) gets its prompt for the role from `embedder.prompts`; one without
+    (MiniLM: empty prompts) embeds both alike. With `progress`, texts go in blocks of a few
+    batches under a tqdm bar (chunks/s and ETA; a widget in a notebook)."""
+    if role not in ROLES:
+        raise InputError(f"unknown embedding role {role!r}; choose from {ROLES}")
     texts = list(texts)
+    prompt = {"prompt_name": role} if (getattr(embedder, "prompts", None) or {}).get(role) else {}
     if not progress or not texts:
         vectors = embedder.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                  convert_to_numpy=True, show_progress_bar=False)
+                                  convert_to_numpy=True, show_progress_bar=False, **prompt)
         return np.ascontiguousarray(vectors, dtype=np.float32)
     from tqdm.auto import tqdm
 
@@ -51,7 +66,7 @@ def embed_texts(
         for start in range(0, len(texts), block):
             part = texts[start:start + block]
             parts.append(embedder.encode(part, batch_size=batch_size, normalize_embeddings=True,
-                                         convert_to_numpy=True, show_progress_bar=False))
+                                         convert_to_numpy=True, show_progress_bar=False, **prompt))
             bar.update(len(part))
     return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
 
@@ -92,6 +107,7 @@ class DenseRetriever:
         self._embedder = embedder
         self._vectors: np.ndarray | None = None
         self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._chunk_filter: ChunkFilter | None = None
 
     @classmethod
     def build(
@@ -132,7 +148,7 @@ class DenseRetriever:
         (embedding is most of a dense search's time, see bench/retrieval.py)."""
         vector = self._query_vectors.get(query)
         if vector is None:
-            vector = embed_texts(self.embedder, [query])[0]
+            vector = embed_texts(self.embedder, [query], role="query")[0]
             vector.setflags(write=False)  # shared by every caller that asks for this query
             self._query_vectors[query] = vector
             if len(self._query_vectors) > QUERY_CACHE_SIZE:
@@ -148,8 +164,12 @@ class DenseRetriever:
             self._vectors = self.index.reconstruct_n(0, self.index.ntotal)
         return self._vectors @ vector
 
-    def scored(self, query: str, depth: int, vector: np.ndarray | None = None) -> Scored:
+    def scored(
+        self, query: str, depth: int, vector: np.ndarray | None = None, filters: Filters | None = None
+    ) -> Scored:
         vector = self.encode(query) if vector is None else vector
+        if filters:
+            return self._filtered(vector, depth, self.filter_mask(filters))
         scores, ids = self.index.search(vector[None, :], min(depth, self.index.ntotal))
         ranked = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
         ranked.sort(key=lambda p: (-p[1], p[0]))  # ties by position, like every rigkit ranking
@@ -157,6 +177,19 @@ class DenseRetriever:
             self.name, ranked, _lazy_full=lambda: self._all_scores(vector).astype(np.float64)
         )
 
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
-        scored = self.scored(query, top_k * 2)
+    def _filtered(self, vector: np.ndarray, depth: int, mask: np.ndarray) -> Scored:
+        """Exact ranking of the chunks in `mask` (n_chunks,); the others score -inf."""
+        scores = np.where(mask, self._all_scores(vector).astype(np.float64), -np.inf)
+        ranked = [(int(i), float(scores[i])) for i in top_indices(scores, depth) if mask[i]]
+        return Scored(self.name, ranked, full=scores)
+
+    def filter_mask(self, filters: Filters) -> np.ndarray:
+        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
+        if self._chunk_filter is None:
+            self._chunk_filter = ChunkFilter(self.chunks)
+        return self._chunk_filter.mask(filters)
+
+    def search(self, query: str, top_k: int = 5, filters=None) -> list[Hit]:
+        """Hits best first; `filters` (any form `parse_filters` takes) restricts the chunks."""
+        scored = self.scored(query, top_k * 2, filters=parse_filters(filters))
         return hits_from_scored(scored, self.chunks, top_k)

@@ -6,20 +6,31 @@ id (`by="pid"`, stricter on MuSiQue, which repeats titles). recall@k = share of 
 distinct supporting keys found among the top-k hits' keys, averaged over questions; MRR is the
 mean reciprocal rank of the first supporting hit within the top max(k) hits (0 if none).
 Question embeddings are computed in one batch; all modes share each question's two rankings.
+Mode `hybrid+rerank` reranks the hybrid's best `rerank.candidates` hits (a `RerankedRetriever`)
+and also reports `added_ms_per_query`: the reranker's own time (deduplication and scoring).
+Modes `multi` and `multi+q` search several queries per question (`subqueries(question)`, e.g.
+the multi-query builder with the question as the need) and merge the hybrid lists by RRF; `multi+q`
+merges the question's own list in too (RAG-Fusion). Their `added_ms_per_query` is the time to
+write the queries (the model) and to search and merge them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.dense import embed_texts
+from rigkit.retrieval.hybrid import fuse_hit_lists
 from rigkit.retrieval.ranking import hits_from_scored
 from rigkit.trace import Hit
 
-__all__ = ["supporting_keys", "score_hits", "evaluate_retrieval"]
+__all__ = ["supporting_keys", "score_hits", "evaluate_retrieval", "RERANKED_MODE", "MULTI_MODES"]
+
+RERANKED_MODE = "hybrid+rerank"
+MULTI_MODES = ("multi", "multi+q")  # several queries per question; +q: the question's list too
 
 
 def supporting_keys(row: dict[str, Any], by: str) -> set[str]:
@@ -45,36 +56,81 @@ def evaluate_retrieval(
     ks: Sequence[int] = (1, 5, 10),
     by: str = "title",
     bm25_backend: str = RetrievalConfig.bm25_backend,
+    rerank: Any = None,
+    subqueries: Callable[[str], Sequence[str]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{mode: {"recall@1", "recall@5", "recall@10", "mrr"}} averaged over questions with gold."""
+    """{mode: {"recall@1", "recall@5", "recall@10", "mrr"}} averaged over questions with gold.
+
+    `rerank`: a `RerankedRetriever` for mode `hybrid+rerank` (its inner retriever is not used);
+    `subqueries`: question -> its searches, for the modes `multi` and `multi+q`."""
     rows = [r for r in rows if supporting_keys(r, by)]
     if not rows:
         raise InputError(f"no question has supporting {by}s to score against")
+    if RERANKED_MODE in modes and rerank is None:
+        raise InputError(f"mode {RERANKED_MODE} needs a reranker (--rerank upr|MODEL)")
+    multi = [m for m in modes if m in MULTI_MODES]
+    if multi and subqueries is None:
+        raise InputError(f"mode {multi[0]} needs sub-queries (--multi-query N)")
+    rerank_seconds = multi_seconds = 0.0
+    multi_queries = 0
     hybrid = index.retriever("hybrid", bm25_backend=bm25_backend)
     bm25, dense = hybrid.retrievers["bm25"], hybrid.retrievers["dense"]
     depth = max(max(ks) * 2, *hybrid.top_ks.values())
     vectors = (
-        embed_texts(dense.embedder, [r["question"] for r in rows])
-        if "dense" in modes or "hybrid" in modes
+        embed_texts(dense.embedder, [r["question"] for r in rows], role="query")
+        if {"dense", "hybrid", RERANKED_MODE, *MULTI_MODES} & set(modes)
         else None
     )
     totals = {mode: dict.fromkeys([*(f"recall@{k}" for k in ks), "mrr"], 0.0) for mode in modes}
     for i, row in enumerate(rows):
         gold = supporting_keys(row, by)
         scored = (
-            {"bm25": bm25.scored(row["question"], depth)} if {"bm25", "hybrid"} & set(modes) else {}
+            {"bm25": bm25.scored(row["question"], depth)}
+            if {"bm25", "hybrid", RERANKED_MODE, *MULTI_MODES} & set(modes) else {}
         )
         if vectors is not None:
             scored["dense"] = dense.scored(row["question"], depth, vector=vectors[i])
+        merged = {}
+        if multi:
+            started = time.perf_counter()
+            searches = list(subqueries(row["question"]))
+            merged = _merged(hybrid, searches, max(ks), multi,
+                             hybrid.fuse([scored["bm25"], scored["dense"]], max(ks)))
+            multi_seconds += time.perf_counter() - started
+            multi_queries += len(searches)
         for mode in modes:
-            if mode == "hybrid":
+            if mode in merged:
+                hits = merged[mode]
+            elif mode == "hybrid":
                 hits = hybrid.fuse([scored["bm25"], scored["dense"]], max(ks))
+            elif mode == RERANKED_MODE:
+                candidates = hybrid.fuse([scored["bm25"], scored["dense"]], max(rerank.candidates, max(ks)))
+                started = time.perf_counter()
+                hits = rerank.rerank(row["question"], candidates, max(ks))
+                rerank_seconds += time.perf_counter() - started
             elif mode in scored:
                 hits = hits_from_scored(scored[mode], index.chunks, max(ks))
             else:
                 raise InputError(f"unknown retrieval mode {mode!r}")
             for key, value in score_hits(hits, gold, by, ks).items():
                 totals[mode][key] += value
-    return {
+    result = {
         mode: {k: round(v / len(rows), 4) for k, v in vals.items()} for mode, vals in totals.items()
     }
+    if RERANKED_MODE in result:
+        result[RERANKED_MODE]["added_ms_per_query"] = round(1000 * rerank_seconds / len(rows), 1)
+    for mode in multi:
+        result[mode]["added_ms_per_query"] = round(1000 * multi_seconds / len(rows), 1)
+        result[mode]["queries_per_question"] = round(multi_queries / len(rows), 2)
+    return result
+
+
+def _merged(hybrid, searches: Sequence[str], top_k: int, modes: Sequence[str],
+            question_hits: list[Hit]) -> dict[str, list[Hit]]:
+    """{mode: hits} for the multi modes: each search's hybrid list (one batch), merged by RRF."""
+    lists = {f"q{i}": hits for i, hits in enumerate(hybrid.search_many(searches, top_k), start=1)}
+    alone = fuse_hit_lists(lists, top_k) if len(lists) > 1 else next(iter(lists.values()), [])
+    out = {"multi": alone}
+    if "multi+q" in modes:
+        out["multi+q"] = fuse_hit_lists({"q0": question_hits, **lists}, top_k)
+    return out

@@ -21,7 +21,7 @@ from rigkit.errors import CorpusError, IndexMismatchError, InputError
 from rigkit.files import cache_root
 from rigkit.retrieval.base import NoRetriever, Retriever
 from rigkit.retrieval.index import FORMAT_VERSION, Index, check_manifest, resolve_chunk_size
-from rigkit.retrieval.tokenize import TOKENIZER_VERSION
+from rigkit.retrieval.tokenize import TOKENIZER_VERSION, use_user_dict, user_dict_record
 
 __all__ = ["RETRIEVERS", "RetrieverFactory", "open_retriever", "open_index", "demo_corpus_path", "cache_dir"]
 
@@ -62,6 +62,7 @@ def _build_params(config: RetrievalConfig) -> dict:
 
 def open_index(config: RetrievalConfig) -> Index:
     """The index `config` describes: explicit (checked), or implicit (cached, rebuilt on change)."""
+    use_user_dict(config.user_dict)  # Chinese BM25 tokens, for building and for queries
     if config.index is not None:
         # Fields left at their defaults defer to the index; fields the user set must match it.
         expected = {
@@ -89,6 +90,7 @@ def open_index(config: RetrievalConfig) -> Index:
             "corpus": corpus_fingerprint(corpus),
             "format": FORMAT_VERSION,
             "tokens": TOKENIZER_VERSION,
+            **user_dict_record(),
             **params,
         },
         sort_keys=True,

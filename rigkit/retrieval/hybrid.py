@@ -9,6 +9,11 @@ each retriever that can say (built-in retrievers score any of their chunks, also
 ranked it below their fused list, which then did not count towards `fused`), so a notebook can
 show why it landed where it did. Near-duplicates (overlapping windows of one document, copied
 text) collapse after fusion.
+
+The same fusion merges the hit lists of several queries for one need (multi-query retrieval, as
+in RAG-Fusion): `search_queries` retrieves each, in one `search_many` call where the retriever
+has one, and `fuse_hit_lists` ranks by RRF over the lists, each hit naming the queries that
+found it (`ranks["q1"]`, ...).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from dataclasses import dataclass
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.base import Retriever, ScoresChunks
+from rigkit.retrieval.dense import DenseRetriever, embed_texts
+from rigkit.retrieval.filters import FilterError, accepts_filters, parse_filters, search_filtered
 from rigkit.retrieval.ranking import Scored, collapse_hits, make_hit
 from rigkit.trace import Hit
 
-__all__ = ["rrf_scores", "HybridRetriever"]
+__all__ = ["rrf_scores", "HybridRetriever", "fuse_hit_lists", "search_queries"]
 
 
 def rrf_scores(
@@ -39,6 +46,17 @@ def rrf_scores(
         for rank, item in enumerate(items, start=1):
             fused[item] = fused.get(item, 0.0) + weight / (k + rank)
     return fused
+
+
+def _scored(retriever: ScoresChunks, query: str, depth: int, filters, **extra) -> Scored:
+    """`retriever.scored(...)`, given `filters=` only when there are some (a chunk-scoring
+    retriever of your own may not take them: then a clear error, not a TypeError)."""
+    if filters:
+        if not accepts_filters(retriever.scored):
+            raise FilterError(f"the retriever {type(retriever).__name__!r} takes no filters (its `scored` has "
+                              "no `filters` parameter); drop the filter, or give it a `filters=None` keyword")
+        extra["filters"] = filters
+    return retriever.scored(query, depth, **extra)
 
 
 @dataclass
@@ -73,11 +91,13 @@ class HybridRetriever:
         self.rrf_k = rrf_k
         self._positions: dict[str, dict[str, int]] = {}
 
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+    def search(self, query: str, top_k: int = 5, filters=None) -> list[Hit]:
+        """Fused hits best first; `filters` (any form `parse_filters` takes) go to every member."""
+        filters = parse_filters(filters)
         answers = {
-            name: self._ranked(name, r.scored(query, self.top_ks[name]))
+            name: self._ranked(name, _scored(r, query, self.top_ks[name], filters))
             if isinstance(r, ScoresChunks)
-            else self._listed(r.search(query, self.top_ks[name]))
+            else self._listed(search_filtered(r, query, self.top_ks[name], filters))
             for name, r in self.retrievers.items()
         }
         return self._fuse(answers, top_k)
@@ -116,36 +136,25 @@ class HybridRetriever:
                        lambda cid: by_id[cid][1] if cid in by_id else None, rank_and_score,
                        lambda cid: math.inf)
 
+    def search_many(self, queries: Sequence[str], top_k: int = 5, filters=None) -> list[list[Hit]]:
+        """`search` for each query; dense members embed all the queries in one batch."""
+        filters = parse_filters(filters)
+        vectors = {name: embed_texts(r.embedder, list(queries), role="query") for name, r in self.retrievers.items()
+                   if isinstance(r, DenseRetriever)}
+        answers = []
+        for i, query in enumerate(queries):
+            answers.append({
+                name: self._ranked(name, _scored(r, query, self.top_ks[name], filters, vector=vectors[name][i])
+                                   if name in vectors else _scored(r, query, self.top_ks[name], filters))
+                if isinstance(r, ScoresChunks)
+                else self._listed(search_filtered(r, query, self.top_ks[name], filters))
+                for name, r in self.retrievers.items()
+            })
+        return [self._fuse(a, top_k) for a in answers]
+
     # -- fusion -----------------------------------------------------------------------------
     def _fuse(self, answers: Mapping[str, _Ranked], top_k: int) -> list[Hit]:
-        lists = {name: a.ids[: self.top_ks.get(name, 20)] for name, a in answers.items()}
-        fused = rrf_scores(lists, self.weights, self.rrf_k)
-        best_rank: dict[Hashable, int] = {}
-        for items in lists.values():
-            for rank, item in enumerate(items, start=1):
-                best_rank[item] = min(rank, best_rank.get(item, rank))
-
-        def position(cid: str) -> float:
-            return min(a.position(cid) for a in answers.values())
-
-        # Ties: the better single-list rank first, then chunk position, then id (deterministic).
-        order = sorted(fused, key=lambda c: (-fused[c], best_rank[c], position(c), c))
-        candidates = [self._first_hit(answers, cid) for cid in order]
-        hits: list[Hit] = []
-        for place, (hit, collapsed) in enumerate(collapse_hits(candidates)[:top_k], start=1):
-            ranks: dict[str, int] = {}
-            raw: dict[str, float] = {}
-            for name, answer in answers.items():
-                found = answer.rank_and_score(hit.chunk_id)
-                if found is not None:
-                    ranks[name], raw[name] = found[0], float(found[1])
-            ranks[self.name], raw[self.name] = place, fused[hit.chunk_id]
-            metadata = dict(hit.metadata)
-            if collapsed:
-                metadata["collapsed"] = collapsed
-            hits.append(dataclasses.replace(hit, score=float(fused[hit.chunk_id]), ranks=ranks,
-                                            scores=raw, metadata=metadata))
-        return hits
+        return _fuse(answers, top_k, self.weights, self.top_ks, self.rrf_k, self.name)
 
     @staticmethod
     def _first_hit(answers: Mapping[str, _Ranked], cid: str) -> Hit:
@@ -155,3 +164,56 @@ class HybridRetriever:
             if hit is not None:
                 return hit
         raise AssertionError(f"chunk {cid} came from no retriever")  # fused ids come from lists
+
+
+def fuse_hit_lists(lists: Mapping[str, Sequence[Hit]], top_k: int, rrf_k: int = RetrievalConfig.rrf_k,
+                   label: str = "merged") -> list[Hit]:
+    """RRF over ranked hit lists of any origin (one per query), deduplicated by chunk id and
+    near-duplicates collapsed as a hybrid's; a hit's `ranks` / `scores` hold its rank and raw
+    score in each list that has it and its place in the merged list under `label`."""
+    answers = {name: HybridRetriever._listed(list(hits)) for name, hits in lists.items()}
+    return _fuse(answers, top_k, {}, {name: len(hits) for name, hits in lists.items()}, rrf_k, label)
+
+
+def search_queries(retriever: Retriever, queries: Sequence[str], top_k: int,
+                   rrf_k: int = RetrievalConfig.rrf_k) -> list[Hit]:
+    """The hits for several queries of one need: each retrieved (`search_many` in one call where
+    the retriever has it), lists merged by `fuse_hit_lists` as q1, q2, ... One query: `search`."""
+    if len(queries) == 1:
+        return retriever.search(queries[0], top_k)
+    many = getattr(retriever, "search_many", None)
+    lists = many(list(queries), top_k) if many is not None else [retriever.search(q, top_k) for q in queries]
+    return fuse_hit_lists({f"q{i}": hits for i, hits in enumerate(lists, start=1)}, top_k, rrf_k)
+
+
+def _fuse(answers: Mapping[str, _Ranked], top_k: int, weights: Mapping[str, float],
+          depths: Mapping[str, int], rrf_k: int, label: str) -> list[Hit]:
+    """Weighted RRF over the members' answers (each cut to its depth), near-duplicates collapsed."""
+    lists = {name: a.ids[: depths.get(name, 20)] for name, a in answers.items()}
+    fused = rrf_scores(lists, weights, rrf_k)
+    best_rank: dict[Hashable, int] = {}
+    for items in lists.values():
+        for rank, item in enumerate(items, start=1):
+            best_rank[item] = min(rank, best_rank.get(item, rank))
+
+    def position(cid: str) -> float:
+        return min(a.position(cid) for a in answers.values())
+
+    # Ties: the better single-list rank first, then chunk position, then id (deterministic).
+    order = sorted(fused, key=lambda c: (-fused[c], best_rank[c], position(c), c))
+    candidates = [HybridRetriever._first_hit(answers, cid) for cid in order]
+    hits: list[Hit] = []
+    for place, (hit, collapsed) in enumerate(collapse_hits(candidates)[:top_k], start=1):
+        ranks: dict[str, int] = {}
+        raw: dict[str, float] = {}
+        for name, answer in answers.items():
+            found = answer.rank_and_score(hit.chunk_id)
+            if found is not None:
+                ranks[name], raw[name] = found[0], float(found[1])
+        ranks[label], raw[label] = place, fused[hit.chunk_id]
+        metadata = dict(hit.metadata)
+        if collapsed:
+            metadata["collapsed"] = collapsed
+        hits.append(dataclasses.replace(hit, score=float(fused[hit.chunk_id]), ranks=ranks,
+                                        scores=raw, metadata=metadata))
+    return hits

@@ -25,22 +25,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rigkit.config import RetrievalConfig
-from rigkit.corpus import (
-    Chunk,
-    chunk_documents,
-    corpus_fingerprint,
-    load_documents,
-    read_chunks,
-    write_chunks,
-)
+from rigkit.corpus import Chunk, chunk_documents, corpus_fingerprint, read_chunks, write_chunks
 from rigkit.errors import IndexCorruptError, IndexMismatchError, InputError
 from rigkit.files import fault_point
+from rigkit.readers import FileRead, read_files
 from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
 from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
 from rigkit.retrieval.hybrid import HybridRetriever
+from rigkit.retrieval.reuse import BuildReport, PreviousIndex, previous_index
 from rigkit.retrieval.storage import atomic_dir, file_table, rebuild_hint, recover, verify_files
-from rigkit.retrieval.tokenize import TOKENIZER_VERSION, tokenize_many
+from rigkit.retrieval.tokenize import (
+    TOKENIZER_VERSION,
+    check_user_dict,
+    tokenize_many,
+    user_dict_record,
+)
 
 __all__ = ["FORMAT_VERSION", "MODES", "Index", "resolve_chunk_size"]
 
@@ -73,6 +75,7 @@ class Index:
     _faiss: Any = None
     _embedder: Any = None  # None: the manifest's model, loaded at the first dense query
     _retrievers: dict[str, Any] = field(default_factory=dict)
+    report: BuildReport | None = None  # what `build` reused, embedded, dropped and skipped
 
     @property
     def embedding_model(self) -> str:
@@ -97,36 +100,50 @@ class Index:
         progress: bool = False,
         embedder: Any = None,
         overwrite: bool = True,
+        reuse: bool = True,
     ) -> Index:
         """Chunk `corpus`, build both indexes from the one chunk list, write them to `out`.
 
         `embedder` (anything with sentence-transformers' `encode`) replaces the model loaded by
         name, e.g. a stub in tests; the manifest still records `embedding_model`.
         `overwrite=False` keeps an index that appeared at `out` while this one was building (the
-        implicit cache: two processes building the same key both end with a valid index)."""
-        from rigkit.embeddings import load_embedder, load_tokenizer
+        implicit cache: two processes building the same key both end with a valid index).
+        A folder's unreadable files are skipped, one warning each (`report.skipped`). `reuse`: keep the vectors of files unchanged since
+        the index already at `out` was built (`rigkit.retrieval.reuse`)."""
+        from rigkit.embeddings import choose_embedding_model, load_embedder, load_tokenizer
 
         out = Path(out)
         _check_target(out)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        docs = load_documents(corpus)  # raises on a malformed line before anything is written
+        # raises on a malformed single-file corpus before anything is written
+        read = read_files(corpus)
         fingerprint = corpus_fingerprint(corpus)  # of the bytes read, not of a later edit
+        embedding_model = choose_embedding_model(embedding_model, (d.text for d in read.documents))
         size = resolve_chunk_size(embedding_model, chunk_size)
-        chunks = chunk_documents(docs, load_tokenizer(embedding_model), size, overlap, split, progress)
+        chunking = {"chunk_size": size, "overlap": overlap, "split": split}
+        previous = previous_index(out, embedding_model, chunking) if reuse else None
+        for f in read.files:  # unchanged since the index at `out` was built: keep its vectors
+            f.kept = previous is not None and previous.unchanged(f.name, f.sha256)
+        documents = [d for f in read.files if not f.kept for d in f.documents]
+        fresh = chunk_documents(documents, load_tokenizer(embedding_model), size, overlap, split,
+                                progress)
         timings["chunking_s"] = time.perf_counter() - started
         if not split:
-            _warn_truncation(chunks, embedding_model, size)
+            _warn_truncation(fresh, embedding_model, size)
 
+        t = time.perf_counter()
+        new_vectors = None  # nothing new or changed: the model is not even loaded
+        if fresh:
+            embedder = embedder or load_embedder(embedding_model)
+            new_vectors = embed_texts(embedder, [c.index_text for c in fresh], batch_size, progress)
+        timings["embedding_s"] = time.perf_counter() - t
+        chunks, vectors, sources, report = _assemble(read.files, fresh, new_vectors, previous)
         t = time.perf_counter()
         bm25 = BM25Retriever.build(
             chunks, "bm25s", bm25_method, k1, b, tokens=tokenize_many(c.index_text for c in chunks)
         )
         timings["bm25_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        embedder = embedder or load_embedder(embedding_model)
-        vectors = embed_texts(embedder, [c.index_text for c in chunks], batch_size, progress)
-        timings["embedding_s"] = time.perf_counter() - t
         t = time.perf_counter()
         faiss_index = build_faiss_index(vectors, dense_index)
         timings["faiss_s"] = time.perf_counter() - t
@@ -134,13 +151,17 @@ class Index:
         manifest = _manifest(
             embedding_model,
             int(vectors.shape[1]),
-            {"chunk_size": size, "overlap": overlap, "split": split},
-            {"name": Path(corpus).name, "sha256": fingerprint, "documents": len(docs)},
+            chunking,
+            {"name": Path(corpus).name, "sha256": fingerprint,
+             "documents": sum(e["documents"] for e in sources.values())},
             len(chunks),
             {"method": bm25_method, "k1": k1, "b": b},
             dense_index,
             timings,
         )
+        manifest["sources"] = sources
+        manifest["skipped"] = report.skipped
+        manifest["update"] = report.counts()
         with atomic_dir(out, overwrite) as tmp:
             write_chunks(tmp / "chunks.jsonl", chunks)
             bm25.save(tmp / "bm25")
@@ -150,7 +171,8 @@ class Index:
             (tmp / "manifest.json").write_text(
                 json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
             )
-        return cls(out, manifest, chunks, _bm25=bm25, _faiss=faiss_index, _embedder=embedder)
+        return cls(out, manifest, chunks, _bm25=bm25, _faiss=faiss_index, _embedder=embedder,
+                   report=report)
 
     # ------------------------------------------------------------ load
 
@@ -192,6 +214,7 @@ class Index:
         key = f"bm25:{backend}"
         if key not in self._retrievers:
             p = self.manifest["bm25"]
+            check_user_dict(p, self.path)  # queries must split Chinese as the build did
             if backend == "bm25s" and self._bm25 is not None:
                 retriever = self._bm25
             elif backend == "bm25s":
@@ -236,6 +259,39 @@ class Index:
                 rrf_k=rrf_k,
             )
         raise InputError(f"unknown retrieval mode {mode!r}; choose from {MODES}")
+
+
+def _assemble(
+    files: list[FileRead], fresh: list[Chunk], fresh_vectors: Any, previous: PreviousIndex | None
+) -> tuple[list[Chunk], np.ndarray, dict[str, dict[str, Any]], BuildReport]:
+    """Chunks and vectors in corpus-file order, kept ones beside new ones; the manifest's
+    per-file table; the report. (n_chunks, dim) vectors."""
+    by_doc: dict[str, list[int]] = {}
+    for i, chunk in enumerate(fresh):
+        by_doc.setdefault(chunk.doc_id, []).append(i)
+    old = previous.manifest["sources"] if previous else {}
+    report = BuildReport(dropped=sorted(set(old) - {f.name for f in files}))
+    chunks, parts, sources = [], [], {}
+    for f in files:
+        if f.skipped:
+            report.skipped[f.name] = f.skipped
+            continue
+        if f.kept and previous is not None:
+            kept, vectors, documents = previous.take(f.name, f.modified)
+            report.reused.append(f.name)
+            report.reused_chunks += len(kept)
+        else:
+            rows = [i for doc in f.documents for i in by_doc.get(doc.id, [])]
+            kept, documents = [fresh[i] for i in rows], len(f.documents)
+            vectors = fresh_vectors[rows] if rows else None
+            (report.changed if f.name in old else report.new).append(f.name)
+            report.embedded_chunks += len(kept)
+        sources[f.name] = {"sha256": f.sha256, "modified": f.modified, "documents": documents,
+                           "first": len(chunks), "chunks": len(kept)}
+        chunks += kept
+        if len(kept):
+            parts.append(vectors)
+    return chunks, np.concatenate(parts).astype(np.float32, copy=False), sources, report
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -297,7 +353,7 @@ def _manifest(
         "chunking": chunking,
         "corpus": corpus,
         "chunks": n_chunks,
-        "bm25": {**bm25, "tokenizer": TOKENIZER_VERSION},
+        "bm25": {**bm25, "tokenizer": TOKENIZER_VERSION, **user_dict_record()},
         "dense": {"index": dense_index, "normalized": True, "metric": "inner_product"},
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
@@ -320,7 +376,7 @@ def check_manifest(
         "dense_index": manifest["dense"]["index"],
     }
     asked = dict(expected)
-    if embedding_model is not None:
+    if embedding_model is not None and canonical_model_name(embedding_model) != "auto":
         asked["embedding_model"] = canonical_model_name(embedding_model)
     wrong = [
         f"{k}: index has {built[k]!r}, asked for {v!r}"

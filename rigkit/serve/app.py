@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from rigkit.errors import InputError
+from rigkit.retrieval.remote import search_result
 from rigkit.serve.exposure import Exposure, install_exposure, not_json
 from rigkit.serve.jobs import (
     ClientGone,
@@ -90,8 +91,8 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> dict[str, Any]:
-        hits = await asyncio.to_thread(service.search, body.queries, body.topk)
-        return {"result": [[_hit_json(service, h) for h in per_query] for per_query in hits]}
+        hits = await asyncio.to_thread(service.search, body.queries, body.topk, body.filters)
+        return search_result(hits, body.return_scores)  # Search-R1's shape, rigkit's fields beside
 
     @app.post("/chat")
     async def chat(body: ChatRequest, request: Request) -> Any:
@@ -164,10 +165,6 @@ def _unknown_model(service: RigService, name: str) -> JSONResponse:
     served = ", ".join(service.model_ids())
     return JSONResponse(error_body(f"unknown model {name!r}; this server serves {served}",
                                    param="model", code="model_not_found"), status_code=404)
-
-
-def _hit_json(service: RigService, hit: Any) -> dict[str, Any]:
-    return {"id": hit.chunk_id, "doc_id": hit.doc_id, "title": hit.title, "text": hit.text, "score": hit.score}
 
 
 def _field(loc: tuple[Any, ...]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rigkit.retrieval.filters import parse_filters
 from rigkit.serve.service import RigService
 from rigkit.text import check_question
 
@@ -37,10 +38,14 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
                   json_response=http, log_level="WARNING")
 
     @mcp.tool()
-    async def search(query: str, top_k: int = 3) -> list[dict[str, Any]]:
-        """Search the index; passages best first, each capped with a visible truncation note."""
+    async def search(query: str, top_k: int = 3,
+                     filters: dict[str, Any] | list[str] | None = None) -> list[dict[str, Any]]:
+        """Search the index; passages best first, each capped with a visible truncation note.
+        `filters` keeps chunks whose metadata passes, e.g. {"lang": "en", "year": {"gte": 1990}}
+        or ["lang=en", "year>=1990"]."""
         check_question(query, "the query")
-        hits = (await asyncio.to_thread(service.search, [query], max(1, min(int(top_k), 20))))[0]
+        filters = parse_filters(filters)  # a malformed filter is the tool's error, before any search
+        hits = (await asyncio.to_thread(service.search, [query], max(1, min(int(top_k), 20)), filters))[0]
         return [{"id": h.chunk_id, "title": h.title, "text": service.cap_text(h.text), "score": round(h.score, 4)}
                 for h in hits]
 

@@ -87,7 +87,10 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
         queries = p.queries if p.queries is not None else ([p.query] if p.query is not None else None)
         if not queries:  # each one given was checked by SearchParams
             raise _RpcError(INVALID_PARAMS, "invalid params: give a non-empty query or queries")
-        hits = await asyncio.to_thread(service.search, queries, p.topk)
+        try:
+            hits = await asyncio.to_thread(service.search, queries, p.topk, p.filters)
+        except InputError as err:  # a filter the index cannot answer: an unknown key, no match
+            raise _RpcError(INVALID_PARAMS, f"invalid params: {err}", {"field": "filters"}) from err
         result = [[{"id": h.chunk_id, "title": h.title, "text": h.text, "score": h.score} for h in q] for q in hits]
         return result[0] if p.queries is None else result
     if method == "rig.ask":

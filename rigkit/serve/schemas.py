@@ -110,6 +110,17 @@ def _check_query_text(query: str, what: str = "the query") -> str:
     return check_question(query, what)
 
 
+# metadata filters: {"key": value | [values] | {"gte": ..}} or ["key>=N", ...] (rigkit.retrieval.filters)
+FilterSpec = dict[str, Any] | list[Any] | str | None
+
+
+def _filters_given(filters: FilterSpec) -> FilterSpec:
+    from rigkit.retrieval.filters import parse_filters
+
+    _as_validation(parse_filters, filters)
+    return filters
+
+
 def _queries_asked(queries: list[str] | None) -> list[str] | None:
     for i, query in enumerate(queries or ()):
         _as_validation(_check_query_text, query, f"query {i}")
@@ -222,12 +233,15 @@ class ChatCompletionRequest(_Body):
 
 
 class RetrieveRequest(_Body):
-    """`POST /retrieve`: the retrieval-server shape of Search-R1-style stacks."""
+    """`POST /retrieve`: Search-R1's retrieval-server request (`search_r1/search/retrieval_server.py`)."""
 
     queries: list[str] = Field(min_length=1, max_length=MAX_QUERIES)
     topk: int = Field(3, ge=1, le=100)
+    return_scores: bool = False  # Search-R1's flag: each hit as {"document": ..., "score": s}
+    filters: FilterSpec = None  # rigkit's: only chunks whose metadata passes (docs/retrieval.md)
 
     _check_queries = field_validator("queries")(_queries_asked)
+    _check_filters = field_validator("filters")(_filters_given)
 
 
 class AskParams(_Body):
@@ -246,8 +260,10 @@ class SearchParams(_Body):
     query: str | None = None
     queries: list[str] | None = Field(None, min_length=1, max_length=MAX_QUERIES)
     topk: int = Field(3, ge=1, le=100)
+    filters: FilterSpec = None  # only chunks whose metadata passes (docs/retrieval.md)
 
     _check_queries = field_validator("queries")(_queries_asked)
+    _check_filters = field_validator("filters")(_filters_given)
 
     @field_validator("query")
     @classmethod

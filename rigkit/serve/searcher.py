@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rigkit.retrieval.filters import accepts_filters, check_accepts, parse_filters
 from rigkit.trace import Hit
 
 __all__ = ["SEARCH_SLICE", "SearchTurns", "SharedSearcher"]
@@ -70,11 +71,20 @@ class SharedSearcher:
         with self.turns.turn(urgent=True):
             return self.inner.search(query, top_k)
 
-    def search_many(self, queries: list[str], top_k: int = 5) -> list[list[Hit]]:
+    def search_many(self, queries: list[str], top_k: int = 5, filters: Any = None) -> list[list[Hit]]:
+        """Hits per query; `filters` (checked before any turn is taken) reach the retriever
+        only when given, so a retriever without a `filters` parameter serves unfiltered calls."""
+        filters = parse_filters(filters)
+        if filters:
+            check_accepts(self.inner)
         many = getattr(self.inner, "search_many", None)  # a remote index takes a batch in one request
+        if many is not None and filters and not accepts_filters(many):
+            many = None  # a batch method that cannot filter: search query by query
+        extra = {"filters": filters} if filters else {}
         hits: list[list[Hit]] = []
         for start in range(0, len(queries), self.slice_size):
             part = queries[start:start + self.slice_size]
             with self.turns.turn():
-                hits.extend(many(part, top_k) if many is not None else [self.inner.search(q, top_k) for q in part])
+                hits.extend(many(part, top_k, **extra) if many is not None
+                            else [self.inner.search(q, top_k, **extra) for q in part])
         return hits

@@ -144,9 +144,10 @@ class RigService:
         return names
 
     # -- retrieval (no model needed) ----------------------------------------------------------
-    def search(self, queries: Sequence[str], top_k: int) -> list[list[Hit]]:
-        """Hits per query from the served index (one request for a remote index)."""
-        return self.retriever.search_many(list(queries), top_k)
+    def search(self, queries: Sequence[str], top_k: int, filters: Any = None) -> list[list[Hit]]:
+        """Hits per query from the served index (one request for a remote index); `filters`
+        restrict it to chunks whose metadata passes (`rigkit.retrieval.filters`)."""
+        return self.retriever.search_many(list(queries), top_k, filters)
 
     # -- the RIG loop (on the worker thread) --------------------------------------------------
     def ask(

@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 
+from rigkit.citations import source_label
 from rigkit.markers import find_markers
 from rigkit.markers.parsing import TagSpec  # a word tag or a whole MarkerProtocol
 from rigkit.trace import Action, Decision, Hit, Injection, Query, RoundTrace, Segment, Span
@@ -28,6 +29,8 @@ __all__ = [
     "decision_html",
     "query_html",
     "hits_html",
+    "compressed_html",
+    "context_html",
     "rankings_html",
     "hit_status",
     "DISCARDED_ACTIONS",
@@ -41,7 +44,8 @@ __all__ = [
 # retrieval (FLARE-style "regenerate"). "skip" (no retrieval rounds left) keeps its segment.
 DISCARDED_ACTIONS = frozenset({Action.REGENERATE})
 
-_RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf")
+_RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf",
+                    *(f"q{i}" for i in range(1, 10)), "merged")  # sub-queries, then their merge
 BOX_STYLE = "font-family:system-ui,sans-serif;font-size:13px;line-height:1.6;"
 MUTED_STYLE = "color:#666;"
 
@@ -250,12 +254,24 @@ def query_html(query: Query | None, error: str | None = None) -> str:
     rows = [
         f"<b>intent</b> {esc(query.intent) if query.intent else '<i>(none)</i>'}",
         f'<b>query</b> <q class="rig-query-text">{esc(query.text)}</q>',
+        *_subqueries_html(query),
         f"<b>mode</b> <code>{esc(query.mode)}</code>"
         + (f" (fell back from <code>{esc(query.fallback_from)}</code>)" if query.fallback_from else "")
         + f" · <b>cost</b> {query.llm_calls} LLM call{'s' if query.llm_calls != 1 else ''}",
     ]
     body = "".join(f"<div>{r}</div>" for r in rows)
     return f'<div class="rig-query" style="{BOX_STYLE}">{body}{err}</div>'
+
+
+def _subqueries_html(query: Query) -> list[str]:
+    """One row listing a round's sub-queries (q1, q2, ... as the hits' rank columns name them)."""
+    subqueries = getattr(query, "subqueries", None) or []  # traces from before sub-queries have none
+    if len(subqueries) < 2:
+        return []
+    items = "".join(f'<li class="rig-subquery"><code>q{i}</code> {esc(q)}</li>'
+                    for i, q in enumerate(subqueries, start=1))
+    return [f'<b>sub-queries</b> ({len(subqueries)}, merged by RRF)'
+            f'<ol style="margin:2px 0 2px 18px;padding:0;list-style:none;">{items}</ol>']
 
 
 # ---------------------------------------------------------------------------------------- hits
@@ -281,7 +297,7 @@ _STATUS_COLORS = {
 
 
 def _retriever_names(hits: Sequence[Hit]) -> list[str]:
-    names = {n for h in hits for n in (*h.ranks, *h.scores)}
+    names = {n for h in hits for n in (*h.ranks, *h.scores)} - {"before_rerank"}  # shown in "#"
     known = [n for n in _RETRIEVER_ORDER if n in names]
     return known + sorted(names - set(known))
 
@@ -299,11 +315,15 @@ def hits_html(
     rows = ["<tr>" + "".join(f'<th style="{cell}text-align:left;">{esc(h)}</th>' for h in head) + "</tr>"]
     for i, hit in enumerate(hits, 1):
         snippet = hit.text if len(hit.text) <= snippet_chars else hit.text[:snippet_chars] + "…"
+        before = hit.ranks.get("before_rerank")
         cols = [
-            str(i),
+            str(i) if before is None  # reranked: where the retriever had it, where it landed
+            else f'<span class="rig-rerank-move" title="rank before rerank → after">{before} → {i}</span>',
             f'<b class="rig-hit-title">{esc(hit.title)}</b> '
             f'<span style="{MUTED_STYLE}font-size:11px;">{esc(hit.chunk_id)}</span>'
-            f'<div style="font-size:12px;">{esc(snippet)}</div>',
+            + (f' <span class="rig-hit-source" style="font-size:11px;">{esc(source_label(hit))}</span>'
+               if source_label(hit) != hit.title else "")
+            + f'<div style="font-size:12px;">{esc(snippet)}</div>',
         ]
         for name in names:
             rank, score = hit.ranks.get(name), hit.scores.get(name)
@@ -337,9 +357,43 @@ def hits_html(
                 f'<div class="rig-truncated" style="color:#b45309;">cut to max_passage_tokens: '
                 f"{esc(', '.join(cut))}</div>"
             )
+        extra += compressed_html(getattr(injection, "compressed", {}))  # none in older traces
         extra += f'<div style="{MUTED_STYLE}">{injection.tokens_added} passage tokens added</div>'
     table = f'<table style="border-collapse:collapse;">{"".join(rows)}</table>'
     return f'<div class="rig-hits" style="{BOX_STYLE}">{table}{extra}</div>'
+
+
+def compressed_html(compressed: dict[str, dict]) -> str:
+    """Passages shortened on the way in: tokens before → after, and the text the model read."""
+    rows = []
+    for chunk_id, c in compressed.items():
+        rows.append(
+            f'<details class="rig-compressed" style="color:#1d4ed8;"><summary>{esc(c.get("mode", ""))} '
+            f'<code>{esc(chunk_id)}</code>: {c.get("before", "?")} → {c.get("after", "?")} tokens</summary>'
+            f'<div class="rig-compressed-text" style="white-space:pre-wrap;font-size:12px;color:#111;">'
+            f'{esc(c.get("text", ""))}</div></details>'
+        )
+    return "".join(rows)
+
+
+def context_html(result: object) -> str:
+    """What the context manager did before the first round: up-front passages compressed or over
+    budget, and earlier turns summarised (the summary shown) or dropped."""
+    parts: list[str] = []
+    upfront = getattr(result, "upfront", None)  # a RIGResult, or None while the run is going
+    if upfront is not None and (upfront.dropped_budget or getattr(upfront, "compressed", None)):
+        if upfront.dropped_budget:
+            parts.append(f"<div>up-front passages over budget: {esc(', '.join(upfront.dropped_budget))}</div>")
+        parts.append(compressed_html(getattr(upfront, "compressed", {})))
+    history = getattr(result, "history", None)
+    if history is not None and history.older_turns:
+        what = (f"summarised ({history.older_tokens} → {history.summary_tokens} tokens)" if history.summary
+                else f"dropped ({history.older_tokens} tokens; no summarizer)")
+        parts.append(f'<div class="rig-history"><b>earlier turns</b>: {history.older_turns} {what}, '
+                     f"{history.kept_turns} kept"
+                     + (f'<div class="rig-history-summary" style="font-style:italic;">{esc(history.summary)}</div>'
+                        if history.summary else "") + "</div>")
+    return f'<div class="rig-context" style="{BOX_STYLE}">{"".join(parts)}</div>' if parts else ""
 
 
 def rankings_html(rankings: dict[str, Sequence[Hit]], snippet_chars: int = 120) -> str:

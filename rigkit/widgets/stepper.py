@@ -286,7 +286,7 @@ class RoundStepper(W.VBox):
         self.header.value = summary.round_header_html(
             self.question, self.index, n, self.finished, self.rounds, self.policy
         )
-        self.answer_pane.value = summary.answer_html(self.result)
+        self.answer_pane.value = summary.answer_html(self.result) + render.context_html(self.result)
         self._say(self._status_text(), error=self._error is not None)
         if not n:
             self.draft_pane.value = render.draft_html([], 0)

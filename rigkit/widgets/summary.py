@@ -101,11 +101,29 @@ def answer_html(result: RIGResult | None) -> str:
     cites = f" · citations {esc(', '.join(result.citations))}" if result.citations else ""
     return (
         f'<div class="rig-answer" style="{BOX_STYLE}"><b>Answer:</b> '
-        f'<span class="rig-answer-text">{esc(result.answer)}</span>'
+        f'<span class="rig-answer-text">{_marked_answer(result)}</span>'
         f'<div style="{MUTED_STYLE}">{len(result.rounds)} rounds · {result.used_retrieval_times} retrievals'
         f" · tokens generated {tok.get('generated', 0)}, pre-filled {tok.get('prefilled', 0)},"
-        f" reused {'unknown' if tok.get('reused', 0) is None else tok.get('reused', 0)}{cites}{flags}</div></div>"
+        f" reused {'unknown' if tok.get('reused', 0) is None else tok.get('reused', 0)}{cites}{flags}</div>"
+        + "".join(f'<div class="rig-warning" style="color:#b45309;">⚠ {esc(w)}</div>' for w in result.warnings)
+        + "</div>"
     )
+
+
+def _marked_answer(result: RIGResult) -> str:
+    """The answer, escaped, with each suspicious sentence marked and its unsupported facts in the
+    tooltip (sentences are found in order; citation tags between them are left as they are)."""
+    out, cursor = [], 0
+    for item in result.suspicious:
+        at = result.answer.find(item.text, cursor)
+        if at < 0:
+            continue
+        title = esc("in no passage it could see: " + ", ".join(item.facts))
+        out += [esc(result.answer[cursor:at]),
+                f'<mark class="rig-suspicious" style="background:#fde68a;" title="{title}">{esc(item.text)}</mark>']
+        cursor = at + len(item.text)
+    out.append(esc(result.answer[cursor:]))
+    return "".join(out)
 
 
 _CELL = "padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top;text-align:left;"

@@ -1,0 +1,55 @@
+"""HTML through trafilatura (Apache-2.0): the main content, without navigation, menus and footers.
+
+trafilatura's XML output keeps the structure this reader needs: `<head rend="hN">` headings
+(which start sections), paragraphs, `<list>` items and `<table>` rows with their header cells,
+so tables and lists reach the chunker whole. It needs `lxml_html_clean` installed beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rigkit.corpus import Block, Document
+from rigkit.errors import CorpusError
+
+__all__ = ["read_html"]
+
+
+def read_html(data: bytes, name: str) -> list[Document]:
+    import trafilatura
+    from lxml import etree
+
+    if b"\0" in data[:8192]:
+        raise CorpusError(f"{name}: binary data, not HTML")
+    xml = trafilatura.extract(
+        data, output_format="xml", include_tables=True, include_comments=False,
+        include_links=False, include_formatting=False, with_metadata=True,
+    )
+    if not xml:
+        raise CorpusError(f"{name}: no readable text in the page")
+    root = etree.fromstring(xml.encode("utf-8"))
+    blocks = _blocks(root.find("main"))
+    if not blocks:
+        raise CorpusError(f"{name}: no readable text in the page")
+    return [Document.from_blocks(name, (root.get("title") or "").strip() or Path(name).stem, blocks)]
+
+
+def _blocks(main) -> list[Block]:
+    blocks: list[Block] = []
+    levels: list[tuple[int, str]] = []
+    section: list[str] = []
+    for element in main if main is not None else []:
+        text = " ".join("".join(element.itertext()).split())
+        if element.tag == "head":
+            level = int((element.get("rend") or "h2").lstrip("h") or 2)
+            levels = [(lv, t) for lv, t in levels if lv < level] + [(level, text)]
+            section = [t for _, t in levels]
+        elif element.tag == "table":
+            rows = [["".join(c.itertext()) for c in row.iter("cell")] for row in element.iter("row")]
+            if rows:
+                blocks.append(Block.table(rows, section))
+        elif element.tag == "list":
+            blocks.append(Block.items(["".join(i.itertext()) for i in element.iter("item")], section))
+        elif text:
+            blocks.append(Block(text, section=section))
+    return blocks
