@@ -12,7 +12,7 @@ from typing import Any
 
 from rigkit.errors import CorpusError, RigkitError
 
-__all__ = ["cache_root", "iter_jsonl", "atomic_write", "atomic_write_text", "write_jsonl_atomic",
+__all__ = ["cache_root", "iter_jsonl", "jsonl_objects", "atomic_write", "atomic_write_text", "write_jsonl_atomic",
            "default_mode", "fault_point", "fsync_dir", "FAULT_ENV"]
 
 # Fault injection for the kill tests: `RIGKIT_FAULT_AT=<step>[@<n>]` SIGKILLs the process the
@@ -62,6 +62,14 @@ def iter_jsonl(
         text = path.read_text(encoding="utf-8", errors="replace" if skip_bad else "strict")
     except UnicodeDecodeError as err:
         raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    yield from jsonl_objects(text, path, error, skip_bad)
+
+
+def jsonl_objects(
+    text: str, where: str | Path, error: type[RigkitError] = CorpusError, skip_bad: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`iter_jsonl` over text already read; `where` names the file in errors."""
+    path = where
     # split at "\n" only: `str.splitlines` also splits at U+2028 or U+0085 inside a JSON string
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

@@ -84,6 +84,11 @@ def _intent(decision: Decision) -> str:
     return "; ".join(decision.intents) if decision.intents else ""
 
 
+def _missing(decision: Decision) -> str:
+    """What the model is told is missing: the decider's intents, else the flagged segment."""
+    return _intent(decision) or strip_markers(decision.segment_text, marker_spec(decision.evidence))
+
+
 def _with_question_terms(question: str, text: str, include: bool) -> str:
     """`text` prefixed by the question's key terms that it does not already mention."""
     if not include:
@@ -201,7 +206,7 @@ class RewriteQuery:
     def build(
         self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
     ) -> Query:
-        intent = _intent(decision) or strip_markers(decision.segment_text, marker_spec(decision.evidence))
+        intent = _missing(decision)
         reply = self.generator.generate(
             self.prompt(question, draft, intent), max_new_tokens=self.max_new_tokens
         )
@@ -358,7 +363,7 @@ class MultiQuery:
     def build(
         self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
     ) -> Query:
-        intent = _intent(decision) or strip_markers(decision.segment_text, marker_spec(decision.evidence))
+        intent = _missing(decision)
         reply = self.generator.generate(self.prompt(question, draft, intent), max_new_tokens=self.max_new_tokens)
         searches = parse_subqueries(reply, self.max_queries, self.max_words)
         if not searches:  # nothing usable: the one query the fallback builds, no second call

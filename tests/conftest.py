@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,25 @@ SLOW_MACHINE_FACTOR = 21
 def hang_limit(quiet_seconds: float) -> float:
     """The time limit for a step that takes `quiet_seconds` on a quiet 2-core machine."""
     return quiet_seconds * SLOW_MACHINE_FACTOR
+
+
+def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.5) -> None:
+    """Wait for a started server's /health to answer 200; fail with its log if it exits or hangs.
+
+    `log_tail()` returns the end of the server's log for the failure message."""
+    import httpx
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"rigkit serve exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(poll)
+    proc.kill()
+    pytest.fail(f"rigkit serve did not start:\n{log_tail()}")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from rigkit.serve.app import create_app  # noqa: E402
 from rigkit.serve.service import RigService  # noqa: E402
 from rigkit.testing import DictRetriever, ScriptedGenerator  # noqa: E402
 from rigkit.trace import Hit  # noqa: E402
-from tests.conftest import hang_limit  # noqa: E402
+from tests.conftest import hang_limit, wait_until_healthy  # noqa: E402
 from tests.peers import search_r1_server  # noqa: E402
 from tests.peers.search_r1_client import GenerationConfig, LLMGenerationManager  # noqa: E402
 
@@ -235,15 +235,8 @@ def test_search_r1s_client_through_rigkit_serve_over_a_search_r1_corpus(tmp_path
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + hang_limit(60)  # imports, model, index build
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"rigkit serve did not start:\n{log.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+        # imports, model, index build
+        wait_until_healthy(base, proc, hang_limit(60), lambda: log.read_text(errors="replace")[-2000:])
         manager = LLMGenerationManager(GenerationConfig(search_url=f"{base}/retrieve", topk=1))
         tower, aaron = manager.batch_search(["Who built the Eiffel Tower in Paris?", "Aaron brother of Moses"])
         assert tower.startswith('Doc 1(Title: "Eiffel Tower") The Eiffel Tower is a wrought-iron lattice tower')

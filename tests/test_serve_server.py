@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import hang_limit
+from tests.conftest import hang_limit, wait_until_healthy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("openai")
@@ -59,19 +59,12 @@ def server(tmp_path_factory):
         cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + hang_limit(30)  # imports, model and index load
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            pytest.fail(f"rigkit serve exited with {proc.returncode}:\n{log.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("rigkit serve did not start")
+
+    def log_tail() -> str:
+        log.seek(0)
+        return log.read().decode()[-2000:]
+
+    wait_until_healthy(base, proc, hang_limit(30), log_tail)  # imports, model and index load
     yield base, proc
     if proc.poll() is None:
         proc.kill()

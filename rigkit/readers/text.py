@@ -7,13 +7,11 @@ it as its title. JSONL lines are `{"id", "title", "text", ...metadata}` (or Flas
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from rigkit.corpus import HEADING, Document, check_doc_id, split_contents
 from rigkit.errors import CorpusError
+from rigkit.files import jsonl_objects
 
 __all__ = ["read_text", "read_markdown", "read_jsonl", "decode_text"]
 
@@ -47,7 +45,7 @@ def read_jsonl(data: bytes, name: str, path: Path | None = None) -> list[Documen
     where = path if path is not None else Path(name)
     docs: list[Document] = []
     seen: dict[str, int] = {}
-    for lineno, obj in _objects(data.decode("utf-8"), where):
+    for lineno, obj in jsonl_objects(data.decode("utf-8"), where):
         title, text = obj.get("title") or "", obj.get("text")
         if text is None and isinstance(obj.get("contents"), str):
             title, text = split_contents(obj["contents"])
@@ -69,17 +67,3 @@ def read_jsonl(data: bytes, name: str, path: Path | None = None) -> list[Documen
     if not docs:
         raise CorpusError(f"{where}: no documents")
     return docs
-
-
-def _objects(text: str, where: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    # split at "\n" only: `str.splitlines` also splits at U+2028 or U+0085 inside a JSON string
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CorpusError(f"{where}, line {lineno}: not valid JSON ({err.msg})") from None
-        if not isinstance(obj, dict):
-            raise CorpusError(f"{where}, line {lineno}: expected a JSON object")
-        yield lineno, obj

@@ -22,7 +22,7 @@ import numpy as np
 from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
-from rigkit.retrieval.filters import ChunkFilter, Filters, parse_filters
+from rigkit.retrieval.filters import Filters, MasksOwnChunks, parse_filters
 from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
 from rigkit.retrieval.tokenize import tokenize, tokenize_many
 from rigkit.trace import Hit
@@ -82,7 +82,7 @@ class _RankBm25Engine:
         return self.model.get_scores(query_tokens) / (self.k1 + 1)
 
 
-class BM25Retriever:
+class BM25Retriever(MasksOwnChunks):
     """Lexical retriever over chunks. `search` returns hits ranked by BM25, zero scores dropped."""
 
     name = "bm25"
@@ -93,7 +93,6 @@ class BM25Retriever:
         self.chunks = chunks
         self.engine = engine
         self.backend, self.method, self.k1, self.b = backend, method, k1, b
-        self._chunk_filter: ChunkFilter | None = None
 
     @classmethod
     def build(
@@ -134,12 +133,6 @@ class BM25Retriever:
             scores = np.where(self.filter_mask(filters), scores, 0.0)
         ranked = [(int(i), float(scores[i])) for i in top_indices(scores, depth) if scores[i] > 0]
         return Scored(self.name, ranked, full=scores)
-
-    def filter_mask(self, filters: Filters) -> np.ndarray:
-        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
-        if self._chunk_filter is None:
-            self._chunk_filter = ChunkFilter(self.chunks)
-        return self._chunk_filter.mask(filters)
 
     def search(self, query: str, top_k: int = 5, filters=None) -> list[Hit]:
         """Hits best first; `filters` (any form `parse_filters` takes) restricts the chunks."""

@@ -26,7 +26,7 @@ import numpy as np
 from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk
 from rigkit.errors import InputError
-from rigkit.retrieval.filters import ChunkFilter, Filters, parse_filters
+from rigkit.retrieval.filters import Filters, MasksOwnChunks, parse_filters
 from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
 from rigkit.trace import Hit
 
@@ -93,7 +93,7 @@ def build_faiss_index(vectors: np.ndarray, kind: str = "flat"):
     return index
 
 
-class DenseRetriever:
+class DenseRetriever(MasksOwnChunks):
     """Semantic retriever: embeds the query, searches faiss, returns the nearest chunks."""
 
     name = "dense"
@@ -107,7 +107,6 @@ class DenseRetriever:
         self._embedder = embedder
         self._vectors: np.ndarray | None = None
         self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._chunk_filter: ChunkFilter | None = None
 
     @classmethod
     def build(
@@ -182,12 +181,6 @@ class DenseRetriever:
         scores = np.where(mask, self._all_scores(vector).astype(np.float64), -np.inf)
         ranked = [(int(i), float(scores[i])) for i in top_indices(scores, depth) if mask[i]]
         return Scored(self.name, ranked, full=scores)
-
-    def filter_mask(self, filters: Filters) -> np.ndarray:
-        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
-        if self._chunk_filter is None:
-            self._chunk_filter = ChunkFilter(self.chunks)
-        return self._chunk_filter.mask(filters)
 
     def search(self, query: str, top_k: int = 5, filters=None) -> list[Hit]:
         """Hits best first; `filters` (any form `parse_filters` takes) restricts the chunks."""

@@ -33,6 +33,7 @@ from rigkit.errors import InputError
 
 __all__ = [
     "FilterError",
+    "MasksOwnChunks",
     "Condition",
     "Filters",
     "parse_filters",
@@ -415,6 +416,19 @@ def search_filtered(retriever: Any, query: str, top_k: int, filters: Filters | N
         return retriever.search(query, top_k)
     check_accepts(retriever)
     return retriever.search(query, top_k, filters=filters)
+
+
+class MasksOwnChunks:
+    """For a retriever over `self.chunks`: `filter_mask`, with its `ChunkFilter` built on first use."""
+
+    chunks: Sequence[Any]
+    _chunk_filter: ChunkFilter | None = None
+
+    def filter_mask(self, filters: Filters) -> np.ndarray:
+        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
+        if self._chunk_filter is None:
+            self._chunk_filter = ChunkFilter(self.chunks)
+        return self._chunk_filter.mask(filters)
 
 
 class FilteredRetriever:
