@@ -6,7 +6,9 @@ Each measurement runs in a fresh process, as a user would meet it:
                      memory of the process (`wait4`'s ru_maxrss) and its wall time
     first token      a new Python process: imports, the default model (its converted copy cached
                      on disk, so this is a second start), the demo index, then one token of the
-                     answer; each phase timed, twice (the first start may convert the model)
+                     answer; each phase timed, twice (the first start may convert the model),
+                     each right after the floor: a fresh process that loads the same cached
+                     model with transformers alone and generates one token
     Index.load       the 50,000-chunk benchmark index (`bench/retrieval.py` builds it from its
                      cached vectors): open it, then the first and a second hybrid query (the first
                      one pays for reading the BM25 matrix and faiss file and loading MiniLM)
@@ -47,6 +49,24 @@ controller.context.start(sys.argv[3])
 segment = generator.next_segment(controller.context.pieces(), controller.stop, 1)
 marks["first_token"] = time.time() - t0
 print(json.dumps({"marks": marks, "token": segment.text, "source": generator.source}))
+"""
+
+# The floor: what any program pays for the same cached model and one token, transformers alone.
+FLOOR = r"""
+import json, sys, time
+t0 = float(sys.argv[1]); marks = {"process_start": time.time() - t0}
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+marks["imports"] = time.time() - t0
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()
+marks["model_loaded"] = time.time() - t0
+ids = tokenizer.apply_chat_template([{"role": "user", "content": sys.argv[3]}], add_generation_prompt=True,
+                                    return_tensors="pt", return_dict=True)["input_ids"]
+with torch.no_grad():
+    out = model.generate(ids, max_new_tokens=1, do_sample=False)
+marks["first_token"] = time.time() - t0
+print(json.dumps({"marks": marks, "token": tokenizer.decode(out[0, -1:])}))
 """
 
 INDEX_LOAD = r"""
@@ -90,9 +110,26 @@ def rss_of_ask(question: str, config: Path) -> dict:
             "retrievals": result["used_retrieval_times"]}
 
 
+def floor_token(question: str) -> dict:
+    """A bare transformers load of the cached default model and one greedy token, fresh process."""
+    from rigkit.generation.loading import converted_model_dir
+
+    t0 = time.time()
+    out, wall, _ = child([PYTHON, "-c", FLOOR, repr(t0), str(converted_model_dir()), question])
+    marks = json.loads(out.strip().splitlines()[-1])["marks"]
+    return {"time_to_first_token_s": marks["first_token"], "process_wall_s": wall,
+            "phases": {"python_start_s": marks["process_start"],
+                       "imports_s": marks["imports"] - marks["process_start"],
+                       "model_load_s": marks["model_loaded"] - marks["imports"],
+                       "first_token_s": marks["first_token"] - marks["model_loaded"]}}
+
+
 def first_token(question: str, starts: int) -> list[dict]:
+    """rigkit's start (imports, model, index, one token of the answer), `starts` times, each
+    right after a floor start (`floor_token`), so the two see the same machine."""
     rows = []
     for _ in range(starts):
+        floor = floor_token(question)
         t0 = time.time()
         out, wall, _ = child([PYTHON, "-c", FIRST_TOKEN, repr(t0), str(CPU_CONFIG), question])
         data = json.loads(out.strip().splitlines()[-1])
@@ -105,7 +142,8 @@ def first_token(question: str, starts: int) -> list[dict]:
             "first_token_s": marks["first_token"] - marks["index_opened"],
         }
         rows.append({"time_to_first_token_s": marks["first_token"], "phases": phases,
-                     "model_source": data["source"], "process_wall_s": wall})
+                     "model_source": data["source"], "process_wall_s": wall, "floor": floor,
+                     "over_floor": marks["first_token"] / floor["time_to_first_token_s"]})
     return rows
 
 
@@ -152,6 +190,10 @@ def main(argv=None) -> int:
         print(f"start {i}: first token after {s['time_to_first_token_s']:.2f} s (python {ph['python_start_s']:.2f}, "
               f"imports {ph['imports_s']:.2f}, model {ph['model_load_s']:.2f} [{s['model_source']}], "
               f"index {ph['index_open_s']:.2f}, first token {ph['first_token_s']:.2f})", flush=True)
+        fl = s["floor"]["phases"]
+        print(f"  floor (transformers alone, same model): {s['floor']['time_to_first_token_s']:.2f} s (imports "
+              f"{fl['imports_s']:.2f}, model {fl['model_load_s']:.2f}, first token {fl['first_token_s']:.2f}): "
+              f"rigkit x{s['over_floor']:.2f}", flush=True)
     wanted = 2000 if args.quick else 50_000
     n = wanted if args.index else max(2000, cached_chunk_count(window_chunks(wanted)))
     if n < wanted:  # embedding 50k chunks takes long on a busy machine: load what exists, say so
@@ -164,7 +206,8 @@ def main(argv=None) -> int:
           f"{loaded['first_query_s']:.2f} s (reads BM25 + faiss, loads MiniLM), second "
           f"{1e3 * loaded['second_query_s']:.1f} ms; process peak RSS {loaded['peak_rss_mib']} MiB")
     save(args, "startup", {"ask": ask, "first_token": starts, "index_load": loaded, "index_chunks_wanted": wanted,
-                           "second_start_ttft_s": starts[-1]["time_to_first_token_s"]}, started)
+                           "second_start_ttft_s": starts[-1]["time_to_first_token_s"],
+                           "second_start_over_floor": starts[-1]["over_floor"]}, started)
     return 0
 
 

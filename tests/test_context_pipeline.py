@@ -354,3 +354,22 @@ def test_build_hands_the_context_its_compressor_and_summarizer():
     assert isinstance(extractive.context.compressor, ExtractiveCompressor)  # its model loads on first use
     plain = build_run(RunConfig().override(context={"summarize_history": False}), gen, retriever)
     assert plain.context.compressor is None and plain.context.summarizer is None
+
+
+@pytest.mark.slow
+def test_edges_order_and_extractive_compression_in_a_real_answer(default_generator, demo_retriever):
+    config = RunConfig().override(decider={"name": "always"}, retrieval={"top_k": 4},
+                                  context={"order": "edges", "compress": "extractive"},
+                                  generator={"max_answer_tokens": 24})
+    run = build_run(config, default_generator, demo_retriever)
+    result = run.controller.run("Can I use Apache-2.0 code in a commercial product?")
+    first = result.rounds[0]
+    assert first.injection is not None and len(first.injection.added) >= 3
+    added = [h for h in first.hits if h.chunk_id in first.injection.added]
+    shown = {cid: record["text"] for cid, record in first.injection.compressed.items()}
+    text = "".join(p.text for p in run.context.pieces())
+    # the model read the best hit first and the second best last (edges), compressed where cut
+    read = sorted(added, key=lambda h: text.index((shown.get(h.chunk_id) or h.text)[:40]))
+    assert [h.chunk_id for h in read] == [h.chunk_id for h in ordered(added, "edges")]
+    assert first.injection.compressed and all(
+        r["after"] < r["before"] and r["mode"] == "extractive" for r in first.injection.compressed.values())

@@ -99,3 +99,26 @@ def test_cli_report_and_errors(tmp_path, capsys):
 def test_write_report_needs_results(tmp_path):
     with pytest.raises(InputError):
         write_report(tmp_path)
+
+
+def test_compared_runs_join_as_labelled_systems_paired_against_the_first(tmp_path, capsys):
+    base, other = tmp_path / "base", tmp_path / "rerank"
+    rows = [{**r, "system": "rag" if r["system"] == "closed_book" else r["system"], "support_recall": 0.5}
+            for r in _rows() if r["run"] == 0]
+    _write(base, rows)
+    _write(other, [{**r, "cover_em": 1.0} for r in rows])
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "config": {"retrieval": {"rerank": "upr"}}}))
+    out = tmp_path / "both"
+    assert main(["report", str(base), "--compare", f"{other}=rerank", "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert not (base / "report.md").exists()  # the run folders are read, not written
+    assert "`[rerank]`: the systems of" in text and "`retrieval.rerank: upr`" in text
+    paired = next(x for x in text.splitlines() if x.startswith("| rag [rerank] | Cover EM | 3 |"))
+    assert "+1.000" in paired and "3 / 0" in paired  # every question won against the first run's rag
+    assert "| rig:prob [rerank] | 3 | 1 |" in text
+    elsewhere = tmp_path / "other-split"
+    _write(elsewhere, rows)
+    (elsewhere / "meta.json").write_text(json.dumps({**meta, "split": "test"}))
+    with pytest.raises(InputError, match="not over the same questions.*split 'test' vs 'all'"):
+        write_report(base, compare=[str(elsewhere)])

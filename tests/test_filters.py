@@ -202,6 +202,23 @@ def test_bound_filters_and_call_filters_are_anded(index):
         FilteredRetriever(index.retriever("hybrid"), parse_filters("year>=3000"))
 
 
+def test_a_reranked_retriever_filters_its_candidates(index):
+    from rigkit.retrieval.rerank import RerankedRetriever, ranked_by
+
+    class ByYear:  # newest first, whatever the inner order
+        def rerank(self, query, hits):
+            return ranked_by(hits, [h.metadata["year"] for h in hits])
+
+    reranked = RerankedRetriever(index.retriever("hybrid"), ByYear(), candidates=12)
+    hits = reranked.search(QUERY, 3, filters="lang=de")
+    assert {h.metadata["lang"] for h in hits} == {"de"}
+    assert [h.metadata["year"] for h in hits] == sorted((r["year"] for r in ROWS if r["lang"] == "de"), reverse=True)[:3]
+    many = reranked.search_many([QUERY, "old bridge"], 2, filters={"year": {"lt": 1970}})
+    assert all(h.metadata["year"] < 1970 for hits in many for h in hits) and all(len(hits) == 2 for hits in many)
+    with pytest.raises(FilterError, match="unknown filter key 'lingo'"):
+        reranked.search(QUERY, 3, filters="lingo=de")
+
+
 def test_config_filters_reach_the_built_retriever(index):
     from rigkit.build import build_retriever
 

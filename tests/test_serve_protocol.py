@@ -166,6 +166,13 @@ def test_chat_completion_carries_the_cited_answer_and_rig_metadata(client):
     assert body["usage"]["completion_tokens"] == body["rig"]["tokens"]["generated"]
 
 
+def test_chat_completion_reports_what_the_grounding_check_flagged(client):
+    rig = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}]}).json()["rig"]
+    # "France" is in no passage the model saw; 330 metres is
+    assert rig["suspicious"] == [{"sentence": 0, "text": "Paris is the capital of France.", "facts": ["France"]}]
+    assert rig["removed_citations"] == [] and isinstance(rig["warnings"], list)
+
+
 def test_chat_completion_stream_is_openai_chunks_with_usage_last(client):
     request = {"messages": [{"role": "user", "content": QUESTION}], "stream": True,
                "stream_options": {"include_usage": True}}
@@ -440,3 +447,15 @@ def test_one_need_is_one_tool_call_whatever_the_query_builder():
     assert _needs(one) == [one]
     two = Decision(True, 1.0, "", intents=["height", "architect"])
     assert [d.intents for d in _needs(two)] == [["height"], ["architect"]]
+
+
+def test_mcp_ask_reports_the_answer_and_the_grounding_checks():
+    pytest.importorskip("mcp")
+    with local_client(create_app(make_service())) as client:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "ask", "arguments": {"question": QUESTION}}}
+        r = client.post("/mcp", json=body, headers={"Accept": "application/json, text/event-stream"})
+    assert r.status_code == 200, r.text
+    result = r.json()["result"]["structuredContent"]
+    assert result["citations"] == ["c1"] and result["used_retrieval_times"] == 1
+    assert [s["facts"] for s in result["suspicious"]] == [["France"]] and "warnings" in result

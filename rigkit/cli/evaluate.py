@@ -64,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rp.add_argument("dir", help="a run folder written by `rigkit eval`")
     rp.add_argument("--baseline", default="rag",
                     help="the system every other is compared with, question by question (default rag)")
+    rp.add_argument("--compare", action="append", default=[], metavar="DIR[=LABEL]",
+                    help="add the systems of another run over the same questions as `system [LABEL]` "
+                         "(label: the folder name), paired against the baseline too (repeatable)")
+    rp.add_argument("--out", help="folder for report.md and report.html (default: DIR)")
     rp.add_argument("--json", action="store_true", help="print the paths as JSON on stdout")
     rp.set_defaults(func=_run_report)
 
@@ -138,8 +142,8 @@ def _run_merge(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from rigkit.eval.report import write_report
 
-    path = write_report(args.dir, args.baseline)
-    md = Path(args.dir) / "report.md"
+    path = write_report(args.dir, args.baseline, args.compare, args.out)
+    md = path.with_name("report.md")
     if args.json:
         print(json.dumps({"html": str(path), "markdown": str(md)}))
     else:

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import html
 import json
+import operator
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rigkit.config import RunConfig
 from rigkit.errors import InputError
 from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, stage_names
 from rigkit.eval.paired import PairedComparison, compare_systems
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
-__all__ = ["META_FILE", "load_run", "report_tables", "markdown_report", "report_figures",
+__all__ = ["META_FILE", "load_run", "load_compared", "report_tables", "markdown_report", "report_figures",
            "write_report"]
 
 META_FILE = "meta.json"
@@ -49,6 +52,58 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     meta_path = folder / META_FILE
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
     return meta, read_results(folder)
+
+
+def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`load_run(run_dir)` with the systems of other run folders over the same questions added
+    as `system [label]`, so one report pairs, e.g., `rag [rerank]` against the first run's `rag`.
+
+    Each of `compare` is `DIR` or `DIR=LABEL` (label: the folder name); `meta["compared"]`
+    records every folder and the config keys in which it differs from the first."""
+    meta, rows = load_run(run_dir)
+    compared = []
+    for spec in compare:
+        folder, _, label = spec.partition("=")
+        other_meta, other_rows = load_run(folder)
+        label = label or Path(folder).name
+        for key in ("qa", "split", "limit"):
+            same = (_same_file if key == "qa" else operator.eq)(other_meta.get(key), meta.get(key))
+            if not same:
+                raise InputError(f"{folder} is not over the same questions as {run_dir}: {key} "
+                                 f"{other_meta.get(key)!r} vs {meta.get(key)!r}")
+        rows += [{**r, "system": f"{r['system']} [{label}]"} for r in other_rows]
+        defaults = RunConfig().to_dict()  # a key a run's config lacks is one added since: its default
+        compared.append({"dir": str(folder), "label": label,
+                         "changed": _changed_keys(_merged(defaults, meta.get("config", {})),
+                                                  _merged(defaults, other_meta.get("config", {})))})
+    if compared:
+        meta = {**meta, "compared": compared}
+    return meta, rows
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    """Two recorded paths of one file (one relative to where the run started, one absolute)."""
+    return a == b or (a is not None and b is not None and Path(a).resolve() == Path(b).resolve())
+
+
+def _merged(defaults: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    merged = {**defaults, **config}
+    for key, value in defaults.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merged[key] = _merged(value, config[key])
+    return merged
+
+
+def _changed_keys(first: dict[str, Any], other: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`section.key: value` for every config value of `other` that differs from `first`."""
+    changed: dict[str, Any] = {}
+    for key in sorted(set(first) | set(other)):
+        a, b = first.get(key), other.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed.update(_changed_keys(a, b, f"{prefix}{key}."))
+        elif a != b:
+            changed[f"{prefix}{key}"] = b
+    return changed
 
 
 def _cell(stats: GroupStats, key: str) -> str:
@@ -133,6 +188,11 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
         "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
         "Cover EM is lenient on comparison questions, whose answers often name both candidates.",
+        *(f"`[{c['label']}]`: the systems of `{c['dir']}`, which differs in "
+          + (", ".join(f"`{k}: {v}`" for k, v in c["changed"].items()) or "no config key") + "."
+          for c in meta.get("compared", [])),
+        *(["Latencies of compared runs were measured in separate runs: compare them only when the "
+           "machine was equally loaded; token counts compare exactly."] if meta.get("compared") else []),
     ]
 
 
@@ -201,14 +261,17 @@ def html_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str 
             f"<p class='note'>Written {stamp}.</p>{''.join(parts)}</body></html>")
 
 
-def write_report(run_dir: str | Path, baseline: str = DEFAULT_BASELINE) -> Path:
-    """Write run_dir/report.md and run_dir/report.html; returns the HTML path.
+def write_report(run_dir: str | Path, baseline: str = DEFAULT_BASELINE, compare: Sequence[str] = (),
+                 out: str | Path | None = None) -> Path:
+    """Write report.md and report.html into `out` (default: run_dir); returns the HTML path.
 
-    Systems are compared question by question against `baseline` when it is among them."""
-    folder = Path(run_dir)
-    meta, rows = load_run(folder)
+    Systems are compared question by question against `baseline` when it is among them; the
+    systems of the `compare` folders join as `system [label]` (`load_compared`)."""
+    meta, rows = load_compared(run_dir, compare)
+    folder = Path(out) if out is not None else Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
     if not rows:
-        raise InputError(f"{folder / RESULTS_FILE} holds no complete result lines yet")
+        raise InputError(f"{Path(run_dir) / RESULTS_FILE} holds no complete result lines yet")
     systems = list(dict.fromkeys(r["system"] for r in rows))
     if baseline != DEFAULT_BASELINE and baseline not in systems:
         raise InputError(f"--baseline {baseline}: not a system of this run; its systems: {', '.join(systems)}")

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.base import Retriever
+from rigkit.retrieval.filters import check_accepts, parse_filters, search_filtered
 from rigkit.trace import Hit
 
 __all__ = [
@@ -168,18 +169,24 @@ class RerankedRetriever:
             raise InputError("rerank_candidates must be at least 1")
         self.inner, self.reranker, self.candidates, self.embed = inner, reranker, candidates, embed
 
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
-        return self.rerank(query, self.inner.search(query, max(self.candidates, top_k)), top_k)
+    def search(self, query: str, top_k: int = 5, filters: Any = None) -> list[Hit]:
+        """Filters, when given, narrow the candidates before the rerank (the inner retriever
+        applies them)."""
+        found = search_filtered(self.inner, query, max(self.candidates, top_k), parse_filters(filters))
+        return self.rerank(query, found, top_k)
 
     @property
-    def search_many(self) -> Callable[[list[str], int], list[list[Hit]]]:
+    def search_many(self) -> Callable[..., list[list[Hit]]]:
         """Batched search, present exactly when the inner retriever has it (one inner call)."""
         many = getattr(self.inner, "search_many", None)
         if many is None:
             raise AttributeError(f"{type(self.inner).__name__} has no search_many")
 
-        def search_many(queries: list[str], top_k: int = 5) -> list[list[Hit]]:
-            found = many(list(queries), max(self.candidates, top_k))
+        def search_many(queries: list[str], top_k: int = 5, filters: Any = None) -> list[list[Hit]]:
+            filters = parse_filters(filters)
+            if filters:
+                check_accepts(many)
+            found = many(list(queries), max(self.candidates, top_k), **({"filters": filters} if filters else {}))
             return [self.rerank(q, hits, top_k) for q, hits in zip(queries, found)]
 
         return search_many

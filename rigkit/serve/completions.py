@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from rigkit.serve import openai_compat as oa
 from rigkit.serve.jobs import Pipe, error_of, sse, submit, wait_job
 from rigkit.serve.schemas import ChatCompletionRequest
-from rigkit.serve.service import RigService, ToolStep, round_summary
+from rigkit.serve.service import RigService, ToolStep, grounding_summary, round_summary
 from rigkit.trace import RIGResult
 
 __all__ = ["complete"]
@@ -78,6 +78,7 @@ def _rig(result: RIGResult) -> dict[str, Any]:
         "used_retrieval_times": result.used_retrieval_times,
         "citations": result.citations,
         "low_confidence": result.low_confidence,
+        **grounding_summary(result),
         "rounds": [round_summary(r) for r in result.rounds],
         "timings": result.timings,
         "tokens": result.tokens,

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from rigkit.retrieval.filters import parse_filters
-from rigkit.serve.service import RigService
+from rigkit.serve.service import RigService, grounding_summary
 from rigkit.text import check_question
 
 __all__ = ["build_mcp"]
@@ -51,11 +51,13 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
 
     @mcp.tool()
     async def ask(question: str) -> dict[str, Any]:
-        """Answer with the RIG loop: the cited answer, how many retrievals it used, and the citations."""
+        """Answer with the RIG loop: the cited answer, how many retrievals it used, the citations,
+        and what the grounding checks flagged (suspicious sentences, warnings)."""
         check_question(question)
         job = service.worker.submit(lambda job: service.ask(job, question))
         result = await asyncio.wrap_future(job.future)
         return {"answer": result.answer, "used_retrieval_times": result.used_retrieval_times,
-                "citations": result.citations, "low_confidence": result.low_confidence}
+                "citations": result.citations, "low_confidence": result.low_confidence,
+                **grounding_summary(result)}
 
     return mcp

@@ -257,6 +257,14 @@ class RigService:
             self._pending.popitem(last=False)
 
 
+def grounding_summary(result: RIGResult) -> dict[str, Any]:
+    """What the grounding checks found: sentences with unsupported facts, citations removed as
+    unseen, and warnings (e.g. an answer that cites nothing)."""
+    return {"suspicious": [dataclasses.asdict(s) for s in result.suspicious],
+            "removed_citations": [dataclasses.asdict(c) for c in result.removed_citations],
+            "warnings": list(result.warnings)}
+
+
 def round_summary(trace: RoundTrace) -> dict[str, Any]:
     """The `round` event: decision, query, hits, injected ids, budget (not the token lists)."""
     d, b = trace.decision, trace.budget
