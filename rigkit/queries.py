@@ -89,6 +89,15 @@ def _missing(decision: Decision) -> str:
     return _intent(decision) or strip_markers(decision.segment_text, marker_spec(decision.evidence))
 
 
+def _need_block(question: str, draft: str, intent: str) -> str:
+    """The question, the draft and what is missing, in the question's language (query prompts)."""
+    if has_cjk(question):
+        return (f"问题：{question}\n当前回答：{draft or '（尚无）'}\n"
+                + (f"缺少：{intent}\n" if intent else ""))
+    return (f"Question: {question}\nAnswer so far: {draft or '(nothing yet)'}\n"
+            + (f"Missing: {intent}\n" if intent else ""))
+
+
 def _with_question_terms(question: str, text: str, include: bool) -> str:
     """`text` prefixed by the question's key terms that it does not already mention."""
     if not include:
@@ -192,14 +201,12 @@ class RewriteQuery:
         if has_cjk(question):
             return (
                 "请写一个简短的搜索查询，用来查找回答问题所缺少的信息。\n"
-                f"问题：{question}\n当前回答：{draft or '（尚无）'}\n"
-                + (f"缺少：{intent}\n" if intent else "")
+                + _need_block(question, draft, intent)
                 + "只回复查询本身，一行。"
             )
         return (
             "Write one short search query that would find the missing information.\n"
-            f"Question: {question}\nAnswer so far: {draft or '(nothing yet)'}\n"
-            + (f"Missing: {intent}\n" if intent else "")
+            + _need_block(question, draft, intent)
             + "Reply with the query only, on one line."
         )
 
@@ -348,15 +355,13 @@ class MultiQuery:
         if has_cjk(question):
             return (
                 f"请写最多{n}个简短的搜索查询，合起来能找到回答问题所缺少的信息，每个查询找一方面。\n"
-                f"问题：{question}\n当前回答：{draft or '（尚无）'}\n"
-                + (f"缺少：{intent}\n" if intent else "")
+                + _need_block(question, draft, intent)
                 + "只回复查询本身，每行一个。"
             )
         return (
             f"Write up to {n} short search queries that together would find the missing "
             "information, each for a different part of it.\n"
-            f"Question: {question}\nAnswer so far: {draft or '(nothing yet)'}\n"
-            + (f"Missing: {intent}\n" if intent else "")
+            + _need_block(question, draft, intent)
             + "Reply with the queries only, one per line."
         )
 
