@@ -45,7 +45,7 @@ lab: setup-dev
 
 # The benchmark suite (docs/performance.md): every script in full mode, then the table.
 # retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.
-BENCH := retrieval cache overhead latency stages startup compression
+BENCH := retrieval cache overhead latency stages startup compression embedding
 
 # The server load test, the DRAGIN attention pass and the device check print their own figures.
 bench: setup-dev

@@ -8,6 +8,10 @@ and prints p50 / p95 latency (a client's wall time per answer, queueing and retr
 throughput (answers per second), the 429 count, and the ratios load / alone. Every question must
 end with exactly one answer: a lost or failed request is an error, not a statistic.
 
+First, time to first token with one client: a streamed `/chat` (the first `token` event) beside
+the loop `rigkit ask` runs, in this process with the same config and model, both warm, taking
+turns question by question (the server idles while the loop runs).
+
     python bench/serve.py            # 16 clients x 3 questions, 24-token answers: the figures in docs/serving.md
     python bench/serve.py --quick    # 4 clients x 2 questions, 8-token answers (~a minute)
 """
@@ -55,14 +59,55 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.1f}")
         options = {"max_tokens": args.max_tokens}
         _ask(base, questions[0], options)  # warm-up (first-call allocations), not counted
+        first = _first_tokens(base, [q for q in questions if q.isascii()][:2 if args.quick else 4], options)
         alone = _run(base, questions, options, clients=1, per_client=min(len(questions), 5))
         load = _run(base, questions, options, clients=args.clients, per_client=args.questions)
     finally:
         if server is not None:
             server[1].terminate()
             server[1].wait(60)
-    _report(alone, load)
+    _report(alone, load, first)
     return 0
+
+
+def _first_tokens(base: str, questions: list[str], options: dict) -> dict:
+    """Seconds to the first token: streamed `/chat` vs `rigkit ask`'s loop in this process."""
+    from rigkit.build import build_controller, build_generator
+    from rigkit.config import load_config
+
+    config = load_config(ROOT / "configs/cpu.yaml", generator={"max_answer_tokens": options["max_tokens"]})
+    controller = build_controller(config, build_generator(config.generator))
+
+    class FirstToken:
+        def on_token(self, text: str) -> None:
+            if self.at is None:
+                self.at = time.perf_counter()
+
+    def in_process(question: str) -> float:
+        first = FirstToken()
+        first.at, controller.callbacks = None, [first]
+        start = time.perf_counter()
+        controller.run(question)
+        return first.at - start
+
+    def streamed(question: str) -> float:
+        start = time.perf_counter()
+        with httpx.Client(timeout=600) as http, http.stream(
+                "POST", f"{base}/chat", json={"question": question, "options": options, "stream": True}) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line == "event: token":
+                    return time.perf_counter() - start
+        raise RuntimeError(f"no token streamed for {question!r}")
+
+    in_process(questions[0])  # warm-up of this process's copy
+    ask, chat = [], []
+    for question in questions:
+        ask.append(in_process(question))
+        chat.append(streamed(question))
+    return {"questions": len(questions), "ask_s": ask, "chat_s": chat,
+            "ask_p50": statistics.median(ask), "chat_p50": statistics.median(chat),
+            "chat_vs_ask": statistics.median(chat) / statistics.median(ask)}
 
 
 def _start(max_queue: int) -> tuple[str, subprocess.Popen]:
@@ -128,7 +173,9 @@ def _run(base: str, questions: list[str], options: dict, clients: int, per_clien
             "refused": refusals[0]}
 
 
-def _report(alone: dict, load: dict) -> None:
+def _report(alone: dict, load: dict, first: dict) -> None:
+    print(f"first token, one client ({first['questions']} questions): streamed /chat p50 {first['chat_p50']:.2f} s, "
+          f"rigkit ask's loop {first['ask_p50']:.2f} s: x{first['chat_vs_ask']:.2f}")
     print(f"{'':10}{'clients':>8}{'answers':>8}{'p50 s':>8}{'p95 s':>8}{'answers/s':>11}{'429s':>6}")
     for name, r in (("alone", alone), ("load", load)):
         print(f"{name:10}{r['clients']:>8}{r['answers']:>8}{r['p50']:>8.2f}{r['p95']:>8.2f}"
@@ -138,7 +185,7 @@ def _report(alone: dict, load: dict) -> None:
           "throughput stays flat and the wait grows with the queue); nothing lost")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps({"alone": alone, "load": load}, indent=2))
+    (out / "serve.json").write_text(json.dumps({"alone": alone, "load": load, "first_token": first}, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ decider still wanted retrieval after that.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -99,6 +100,8 @@ class RIGController:
         if context.marker_protocol is not None:  # pause right after the protocol's tag, matched on text
             protocol = context.marker_protocol
             self.stop = StopRule(sentence=True, marker_close=protocol.stop_string, keep=protocol.tags)
+        if self.config.pause_at_flag and callable(getattr(decider, "pause_at", None)):
+            self.stop = dataclasses.replace(self.stop, early=decider.pause_at)  # stop at the flagged word
         self.last_result: RIGResult | None = None
 
     def run(self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = ()) -> RIGResult:

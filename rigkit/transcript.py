@@ -65,11 +65,15 @@ def plain_spans(rendered: str, contents: list[str]) -> tuple[tuple[int, int], ..
 
 @dataclass(frozen=True)
 class StopRule:
-    """When a segment pauses: at a sentence end, and/or after a marker's closing tag."""
+    """When a segment pauses: at a sentence end, and/or after a marker's closing tag, and/or
+    where `early` says so."""
 
     sentence: bool = True
     marker_close: str | None = None  # the marker protocol's stop string, e.g. "</retrieve>", "<|end_of_search|>"
     keep: tuple[str, ...] = ()  # the protocol's tags: kept in decoded text even where they are special tokens
+    # (token texts, their log-probabilities) so far -> tokens to keep if the segment should pause
+    # now, else None: a decider that knows from one token that it will fire (`prob`'s `pause_at`)
+    early: Callable[[Sequence[str], Sequence[float]], int | None] | None = None
 
 
 def tokenize_plain(tokenizer, text: str) -> list[int]:

@@ -273,3 +273,23 @@ def test_baselines():
     assert every.decide(seg, DecisionState("q", tokens_since_retrieval=5)).score == 0.5
     with pytest.raises(ValueError):
         EveryNTokens(n=0)
+
+
+def test_prob_pauses_after_the_first_flagged_content_word_is_whole():
+    import math
+
+    from rigkit.deciders.probability import ProbabilityDecider
+
+    decider = ProbabilityDecider(threshold=0.3)
+    sure, unsure = math.log(0.9), math.log(0.1)
+    tokens = ["He", " was", " born", " in", " Ams", "terdam", " in", " 1990"]
+    lps = [sure, sure, sure, sure, unsure, sure, sure, unsure]
+    assert decider.pause_at(tokens[:6], lps[:6]) is None  # "Amsterdam" may still go on
+    assert decider.pause_at(tokens[:7], lps[:7]) == 6  # the word is whole: keep through "terdam"
+    assert decider.pause_at(tokens, [sure] * 8) is None  # nothing below the threshold
+    stop_word = [sure, unsure, sure, sure, sure, sure, sure, sure]  # "was" is a stop word
+    assert decider.pause_at(tokens, stop_word) is None
+    # the decider fires on the paused segment, at that word
+    segment = Segment(text="".join(tokens[:6]), tokens=tokens[:6], logprobs=lps[:6])
+    decision = decider.decide(segment, DecisionState(question="q"))
+    assert decision.retrieve and decision.intents == ["Amsterdam"]

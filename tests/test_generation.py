@@ -257,3 +257,38 @@ def test_a_stopped_segment_carries_its_extra_token_into_the_next_call():
     # one pass per token kept, plus the end-of-turn token or the last segment's look-ahead token;
     # before, each boundary cost one more (the look-ahead token was thrown away and recomputed)
     assert cached_passes == sum(len(s.token_ids) for s in cached) + 1
+
+
+class PauseAfter:
+    """An early rule: keep `keep` tokens once `seen` have been written; records what it was shown."""
+
+    def __init__(self, keep: int, seen: int):
+        self.keep, self.seen, self.calls = keep, seen, []
+
+    def __call__(self, texts, logprobs):
+        self.calls.append((list(texts), list(logprobs)))
+        return self.keep if len(texts) >= self.seen else None
+
+
+def test_an_early_rule_pauses_the_segment_and_sees_the_raw_logprobs(tiny_generator):
+    generator = tiny_generator(3)
+    chat = generator.render_chat([{"role": "user", "content": "what licence"}], True)
+    free = generator.next_segment([Piece(chat)], StopRule(sentence=False), 6)
+    rule = PauseAfter(keep=2, seen=3)
+    paused = generator.next_segment([Piece(chat)], StopRule(sentence=False, early=rule), 6)
+    assert paused.token_ids == free.token_ids[:2] and paused.finish_reason == "stop"
+    texts, logprobs = rule.calls[-1]  # what the criterion saw while generating: the same evidence
+    assert texts == free.tokens[:3] and logprobs == pytest.approx(free.logprobs[:3], abs=2e-2)
+    # the dropped look-ahead token is carried into the next call, as after a sentence end
+    after = generator.next_segment([Piece(chat), Piece(paused.text, tuple(paused.token_ids))],
+                                   StopRule(sentence=False), 4)
+    assert after.token_ids == free.token_ids[2:6]
+
+
+def test_segment_end_takes_the_earlier_of_text_and_early_rule():
+    from rigkit.generation.stops import segment_end
+
+    texts = ["It", " is", " MIT", ".", " Then", " more"]
+    assert segment_end(texts, [0.0] * 6, StopRule()) == 4
+    assert segment_end(texts, [0.0] * 6, StopRule(early=lambda t, lp: 2)) == 2
+    assert segment_end(texts[:3], [0.0] * 3, StopRule(early=lambda t, lp: None)) is None

@@ -177,3 +177,15 @@ def test_failed_retrievals_reach_the_eval_row_the_report_and_rigkit_ask():
     assert group.mean["em"] == 1.0  # the answer without any retrieval is not a RIG answer
     text = markdown_report({"split": "all"}, rows)
     assert "Rounds with retrieval errors" in text and "every retrieval failed" in text
+
+
+def test_pause_at_flag_gives_the_stop_rule_the_deciders_pause():
+    from rigkit.deciders.probability import ProbabilityDecider
+
+    decider = ProbabilityDecider(0.3)
+    off = controller(ScriptedGenerator(["A."]), decider)
+    assert off.stop.early is None
+    on = controller(ScriptedGenerator(["A."]), decider)
+    on = RIGController(on.generator, on.retriever, decider, on.query_builder, on.context,
+                       config=ControllerConfig(pause_at_flag=True))
+    assert on.stop.early == decider.pause_at and on.stop.sentence

@@ -164,6 +164,47 @@ def test_cli_search_and_eval_retrieval(demo_index, capsys):
     assert 0.5 < result["bm25"]["recall@10"] <= 1.0
 
 
+class ReversedReranker:
+    """Reverses the candidates and records each query it reranked for."""
+
+    def __init__(self):
+        self.queries = []
+
+    def rerank(self, query, hits):
+        self.queries.append(query)
+        return list(reversed(hits))
+
+
+def test_multi_query_modes_rerank_each_search_before_the_merge(demo_index):
+    from rigkit.retrieval import RerankedRetriever
+    from rigkit.retrieval.evaluation import evaluate_retrieval
+    from rigkit.retrieval.hybrid import fuse_hit_lists
+
+    rows = [r for r in read_jsonl(DATA / "demo" / "questions.jsonl")][:3]
+    searches = {r["question"]: ["licence terms of " + r["question"][:30], "patent grant"] for r in rows}
+    reranker = ReversedReranker()
+    reranked = RerankedRetriever(demo_index.retriever("hybrid"), reranker, candidates=12)
+    modes = ["hybrid+rerank", "multi", "multi+q", "multi+rerank", "multi+q+rerank"]
+    result = evaluate_retrieval(demo_index, rows, modes, rerank=reranked, subqueries=searches.__getitem__)
+    assert set(result) == set(modes)
+    # each question reranked once for itself, and each of its searches once
+    assert sorted(reranker.queries) == sorted([r["question"] for r in rows] + [q for s in searches.values() for q in s])
+    # the reranked merge is the loop's: every search through the reranked retriever, merged by RRF
+    row = rows[0]
+    lists = reranked.search_many(searches[row["question"]], 10)
+    expected = fuse_hit_lists({"q0": reranked.search(row["question"], 10),
+                               **{f"q{i}": h for i, h in enumerate(lists, start=1)}}, 10)
+    one = evaluate_retrieval(demo_index, rows[:1], ["multi+q+rerank"], rerank=reranked,
+                             subqueries=searches.__getitem__)["multi+q+rerank"]
+    gold = set(row["supporting_titles"])
+    keys = [h.title for h in expected]
+    assert one["recall@10"] == round(len(gold & set(keys[:10])) / len(gold), 4)
+    assert result["multi+q+rerank"]["queries_per_question"] == 2.0
+    assert result["multi+q+rerank"]["added_ms_per_query"] >= result["multi+q"]["added_ms_per_query"] >= 0
+    with pytest.raises(RigkitError, match="needs a reranker"):
+        evaluate_retrieval(demo_index, rows, ["multi+rerank"], subqueries=searches.__getitem__)
+
+
 def test_cli_rejects_chunk_size_over_the_model_limit(tmp_path, capsys):
     code, _, err = run_cli(
         [
@@ -200,3 +241,19 @@ def test_approximate_dense_indexes_build_load_and_fill_ranks(tmp_path, kind):
     assert loaded.retriever("dense").search(query, 3)[0].chunk_id == exact.search(query, 3)[0].chunk_id
     for hit in built.retriever("hybrid").search(query, 8):
         assert set(hit.ranks) == {"bm25", "dense", "hybrid"}
+
+
+def test_embedding_precision_is_resolved_recorded_and_checked(demo_index, tmp_path):
+    from rigkit.retrieval.dense import embedding_precision
+
+    assert demo_index.manifest["dense"]["precision"] == "float32"  # not a torch model: float32
+    assert demo_index.dense().precision == "float32"
+    assert embedding_precision(HashEmbedder(), "auto") == "float32"
+    assert embedding_precision(HashEmbedder(), "bfloat16") == "bfloat16"
+    with pytest.raises(RigkitError, match="unknown embedding precision 'half'"):
+        embedding_precision(HashEmbedder(), "half")
+    # an index from before precision was recorded is read as float32
+    manifest = json.loads((demo_index.path / "manifest.json").read_text())
+    del manifest["dense"]["precision"]
+    old = Index(demo_index.path, manifest, demo_index.chunks)
+    assert old.dense().precision == "float32"

@@ -61,3 +61,18 @@ def test_open_retriever_default_is_the_cached_demo_index(tmp_path, monkeypatch):
     open_retriever(RetrievalConfig())  # second time: loaded from the cache
     assert time.perf_counter() - started < 2.0
     assert len(list((tmp_path / "indexes").iterdir())) == 1
+
+
+def test_bfloat16_embeddings_stay_next_to_float32(demo):
+    import numpy as np
+
+    from rigkit.retrieval.dense import embed_texts
+
+    embedder = demo.dense().embedder
+    texts = [c.index_text for c in demo.chunks]
+    exact = embed_texts(embedder, texts, precision="float32")
+    fast = embed_texts(embedder, texts, precision="bfloat16")
+    assert fast.dtype == np.float32 and fast.shape == exact.shape
+    assert (exact * fast).sum(1).min() > 0.999
+    # the index embeds its queries the way its chunks were embedded
+    assert demo.dense().precision == demo.manifest["dense"]["precision"]

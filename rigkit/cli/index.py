@@ -37,7 +37,7 @@ def _add_build(actions) -> None:
     build = actions.add_parser(
         "build", help="chunk a corpus and build BM25 + vector indexes",
         description="Chunk a corpus and build both indexes with the retrieval section of the run "
-        "config: embedding_model, chunk_size, overlap, bm25_method, k1, b, dense_index "
+        "config: embedding_model, embedding_precision, chunk_size, overlap, bm25_method, k1, b, dense_index "
         "(e.g. --set retrieval.dense_index=hnsw; docs/config.md).")
     build.add_argument("--corpus", help="a JSONL, .pdf, .docx, .html, .md or .txt file, or a folder "
                        "of them (default: retrieval.corpus of --config); rebuilding into the same "
@@ -110,7 +110,8 @@ def _add_eval(subparsers) -> None:
     ev.add_argument("--multi-query", type=int, metavar="N",
                     help="adds the modes multi and multi+q: the model writes up to N queries per "
                     "question (query mode multi), their hybrid lists merged by RRF (+q: with the "
-                    "question's own list)")
+                    "question's own list); with --rerank also multi+rerank and multi+q+rerank, "
+                    "each search reranked before the merge")
     add_config_options(ev)
     ev.add_argument("--json", action="store_true", help='print {mode: {"recall@1", ..., "mrr"}}')
     ev.set_defaults(func=_eval)
@@ -151,6 +152,7 @@ def _build(args: argparse.Namespace) -> int:
         dense_index=r.dense_index,
         batch_size=args.batch_size,
         progress=not args.no_progress and sys.stderr.isatty(),
+        precision=r.embedding_precision,
     )
     m = index.manifest
     print(
@@ -245,7 +247,7 @@ def _eval(args: argparse.Namespace) -> int:
     from rigkit.cli import run_config
     from rigkit.datasets import load_qa, split_questions
     from rigkit.retrieval import Index
-    from rigkit.retrieval.evaluation import MULTI_MODES, RERANKED_MODE, evaluate_retrieval
+    from rigkit.retrieval.evaluation import MULTI_MODES, MULTI_RERANKED_MODES, RERANKED_MODE, evaluate_retrieval
 
     config = run_config(args, retrieval={"index": args.index, "bm25_backend": args.bm25_backend,
                                          "rerank": args.rerank})
@@ -267,6 +269,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.multi_query is not None:  # the question is the need; the model writes the searches
         subqueries = _subqueries(config, args.multi_query)
         modes += [m for m in MULTI_MODES if m not in modes]
+        if rerank is not None:  # each search reranked before the merge, as in the loop
+            modes += [m for m in MULTI_RERANKED_MODES if m not in modes]
     started = time.perf_counter()
     result = evaluate_retrieval(index, rows, modes, by=args.by, bm25_backend=r.bm25_backend,
                                 rerank=rerank, subqueries=subqueries)

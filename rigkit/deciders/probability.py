@@ -7,14 +7,20 @@ Here stop words and punctuation do not count (a 135M model is often unsure about
 so the masked query (`rigkit.queries.MaskedQuery`) never leaves half a word behind.
 Score = 1 - (lowest content-token probability): monotone, in [0, 1], and `retrieve` is exactly
 `score > 1 - threshold`.
+
+`pause_at` lets the segment stop at the first such word instead of the sentence end (DRAGIN,
+Su et al. 2024, stops at the token): the rest of a sentence that will be rewritten is never
+written (`controller.pause_at_flag`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from rigkit.deciders.base import DecisionState
 from rigkit.deciders.spans import spans_from_tokens, token_words
+from rigkit.generation.stops import tokens_upto
 from rigkit.text import is_stop, split_words
 from rigkit.trace import Decision, Segment
 
@@ -47,6 +53,21 @@ class ProbabilityDecider:
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"prob threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold
+
+    def pause_at(self, tokens: Sequence[str], logprobs: Sequence[float]) -> int | None:
+        """Tokens to keep when a content word holding a token below the threshold has been written
+        whole (the next character is not part of it), else None: that word is where it fires."""
+        limit = math.log(self.threshold) if self.threshold > 0 else -math.inf
+        if not any(lp < limit for lp in logprobs):
+            return None
+        segment = Segment(text="".join(tokens), tokens=list(tokens), logprobs=list(logprobs))
+        words = split_words(segment.text)
+        owners = token_words(segment, words)
+        for i in content_tokens(segment):
+            if logprobs[i] < limit:
+                end = max(words[k].end for k in owners[i] if not is_stop(words[k].text))
+                return tokens_upto(tokens, end) if end < len(segment.text) else None
+        return None
 
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
         if len(segment.logprobs) != len(segment.tokens):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
-from rigkit.generation.stops import find_stop
+from rigkit.generation.stops import find_stop, segment_end
 from rigkit.trace import Segment
 from rigkit.transcript import Piece, StopRule, decode_keeping, encode_transcript, kept_tag_ids
 
@@ -25,22 +25,59 @@ __all__ = ["HFGenerator"]
 
 
 class _StopOnText:
-    """StoppingCriteria: stop once the decoded new tokens contain a segment end.
+    """StoppingCriteria: stop once the new tokens reach a segment end (`segment_end`).
 
     Written by hand because transformers' `stop_strings` matches plain strings, and a sentence
-    end is a pattern (punctuation followed by whitespace) that spans tokens.
+    end is a pattern (punctuation followed by whitespace) that spans tokens. With an `early` rule
+    the raw log-probability of each new token is read from the output layer by a forward hook
+    (`scores` here are processed, -inf under top-p), `first` being the carried token's logits.
     """
 
-    def __init__(self, tokenizer: Any, prompt_len: int, stop: StopRule):
+    def __init__(self, tokenizer: Any, prompt_len: int, stop: StopRule, model: Any = None,
+                 first: Any = None):
         self.tokenizer, self.prompt_len, self.stop = tokenizer, prompt_len, stop
         self.keep = kept_tag_ids(tokenizer, stop)
+        self.texts: list[str] = []  # per new token, as `_token_texts` makes them
+        self.decoded = ""
+        self.logprobs: list[float] = []
+        self.steps: list[Any] = [] if first is None else [first]  # next-token logits, oldest first
+        self.hook = None
+        if stop.early is not None and model is not None:
+            self.hook = model.get_output_embeddings().register_forward_hook(
+                lambda module, args, out: self.steps.append(out[0, -1].detach().float()))
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        text = decode_keeping(self.tokenizer, input_ids[0, self.prompt_len :].tolist(), self.keep)
-        done = find_stop(text, self.stop) is not None
+        new = input_ids[0, self.prompt_len :].tolist()
+        text = decode_keeping(self.tokenizer, new, self.keep)
+        if self.stop.early is None:
+            done = find_stop(text, self.stop) is not None
+        else:
+            self._add_tokens(new, text)
+            done = segment_end(self.texts, self.logprobs, self.stop) is not None
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    def _add_tokens(self, new: list[int], text: str) -> None:
+        import torch
+
+        while len(self.texts) < len(new):
+            i = len(self.texts)
+            step = self.steps[i] if i < len(self.steps) else None
+            self.logprobs.append(float(torch.log_softmax(step, dim=-1)[new[i]]) if step is not None else 0.0)
+            if i < len(new) - 1:  # an older token the criterion did not see (the carried one)
+                self.texts.append(_token_texts(self.tokenizer, new[: i + 1], self.keep)[-1])
+                self.decoded = "".join(self.texts)
+                continue
+            if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+                self.texts.append("")
+                continue
+            self.texts.append(text[len(self.decoded):])
+            self.decoded = text
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.remove()
 
 
 class HFGenerator:
@@ -112,18 +149,22 @@ class HFGenerator:
         if self.use_cache:
             kwargs[self._cache_kwarg] = self._cache
         inputs = ids + first
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=torch.tensor([inputs], device=self.device),
-                attention_mask=torch.ones(1, len(inputs), dtype=torch.long, device=self.device),
-                max_new_tokens=max_new_tokens - len(first),
-                stopping_criteria=StoppingCriteriaList([_StopOnText(self.tokenizer, len(ids), stop)]),
-                return_dict_in_generate=True,
-                output_logits=True,
-                eos_token_id=self.eos_token_ids,
-                pad_token_id=self.eos_token_ids[0],
-                **kwargs,
-            )
+        criterion = _StopOnText(self.tokenizer, len(ids), stop, self.model, carry[2] if carry else None)
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=torch.tensor([inputs], device=self.device),
+                    attention_mask=torch.ones(1, len(inputs), dtype=torch.long, device=self.device),
+                    max_new_tokens=max_new_tokens - len(first),
+                    stopping_criteria=StoppingCriteriaList([criterion]),
+                    return_dict_in_generate=True,
+                    output_logits=True,
+                    eos_token_id=self.eos_token_ids,
+                    pad_token_id=self.eos_token_ids[0],
+                    **kwargs,
+                )
+        finally:
+            criterion.close()
         new_ids = out.sequences[0, len(ids) :].tolist()  # the carried token first
         steps = [step[0].float() for step in out.logits]
         logits = torch.stack([carry[2], *steps] if carry else steps)  # (n_new, vocab)
@@ -273,19 +314,16 @@ class HFGenerator:
             new_ids, finish = new_ids[:-1], "end_of_turn"
         texts = _token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
         keep = len(new_ids)
-        cut = find_stop("".join(texts), stop)
-        if cut is not None:
-            # The criterion fires one token late (it needs the whitespace after the full stop);
-            # drop that token: the next segment regenerates it from the cache.
-            finish, seen = "stop", 0
-            for i, piece in enumerate(texts):
-                seen += len(piece)
-                if seen >= cut:
-                    keep = i + 1
-                    break
-        logprobs = torch.log_softmax(logits[:keep], dim=-1)  # (keep, vocab)
-        chosen = torch.tensor(new_ids[:keep], dtype=torch.long, device=logprobs.device)
-        token_lp = logprobs[torch.arange(keep, device=logprobs.device), chosen]
+        all_lp = torch.log_softmax(logits[: len(new_ids)], dim=-1)  # (n, vocab)
+        chosen = torch.tensor(new_ids, dtype=torch.long, device=all_lp.device)
+        token_lp = all_lp[torch.arange(len(new_ids), device=all_lp.device), chosen]
+        end = segment_end(texts, token_lp.tolist(), stop)
+        if end is not None:
+            # The criterion fires one token late (it needs the whitespace after the full stop, or
+            # the start of the next word); drop that token: the next segment writes it again.
+            finish, keep = "stop", end
+        logprobs = all_lp[:keep]  # (keep, vocab)
+        token_lp = token_lp[:keep]
         entropy = -(logprobs.exp() * logprobs).nan_to_num().sum(-1)  # (keep,); 0*log0 -> 0
         return Segment(
             text="".join(texts[:keep]),

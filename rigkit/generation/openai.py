@@ -54,7 +54,7 @@ from rigkit.generation.server_replies import (
     token_scores,
     usage_count,
 )
-from rigkit.generation.stops import find_stop
+from rigkit.generation.stops import segment_end
 from rigkit.generation.text_prompts import neutralize_special_tokens, special_strings, text_prompt
 from rigkit.http import ServerClient
 from rigkit.trace import Segment
@@ -175,7 +175,7 @@ class OpenAIGenerator:
         elif stop.keep and kept_tag_ids(self.tokenizer, stop):
             self._special_tags_at_risk = True  # no way to ask this server: said in `source`
         texts, token_ids, logprobs, entropies = [], [], [], []
-        finish, usage, cut, sent = "length", None, None, 0
+        finish, usage, end, sent = "length", None, None, 0
         keep = kept_tag_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
         events = self._stream("/completions", body)
         try:
@@ -185,22 +185,22 @@ class OpenAIGenerator:
                     self._read_choice(choice, server, keep, texts, token_ids, logprobs, entropies)
                     if choice.get("finish_reason"):
                         finish = "end_of_turn" if choice["finish_reason"] == "stop" else "length"
-                cut = find_stop("".join(texts), stop)
+                end = segment_end(texts, logprobs, stop)
                 if on_token is not None:
-                    upto = len(texts) if cut is None else _pieces_upto(texts, cut)
+                    upto = len(texts) if end is None else end
                     for piece in texts[sent:upto]:
                         if piece:
                             on_token(piece)  # may raise to abort (a client that went away)
                     sent = max(sent, upto)
-                if cut is not None:
+                if end is not None:
                     if server.vllm:  # it stops on the same strings: its last event carries the usage
                         usage = _usage_after(events, limit=4) or usage
                     break  # closing the stream tells the server to stop
         finally:
             events.close()
         keep = len(texts)
-        if cut is not None:
-            finish, keep = "stop", _pieces_upto(texts, cut)
+        if end is not None:
+            finish, keep = "stop", end
         segment = Segment(
             text="".join(texts[:keep]), tokens=texts[:keep], token_ids=token_ids[:keep],
             logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
@@ -378,16 +378,6 @@ def _stop_strings(stop: StopRule) -> list[str]:
     if stop.sentence:
         strings += [". ", "? ", "! ", ".\n"]
     return strings[:MAX_STOP_STRINGS]
-
-
-def _pieces_upto(texts: list[str], cut: int) -> int:
-    """How many token texts it takes to reach character `cut` (the one holding it included)."""
-    seen = 0
-    for i, piece in enumerate(texts):
-        seen += len(piece)
-        if seen >= cut:
-            return i + 1
-    return len(texts)
 
 
 def _token_id(token: str) -> int:

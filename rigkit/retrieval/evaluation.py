@@ -11,7 +11,9 @@ and also reports `added_ms_per_query`: the reranker's own time (deduplication an
 Modes `multi` and `multi+q` search several queries per question (`subqueries(question)`, e.g.
 the multi-query builder with the question as the need) and merge the hybrid lists by RRF; `multi+q`
 merges the question's own list in too (RAG-Fusion). Their `added_ms_per_query` is the time to
-write the queries (the model) and to search and merge them.
+write the queries (the model) and to search and merge them. With both a reranker and sub-queries,
+`multi+rerank` and `multi+q+rerank` rerank each search's candidates by that search before the merge,
+as the loop does with `--query-mode multi --rerank` (the question's list is `hybrid+rerank`'s).
 """
 
 from __future__ import annotations
@@ -22,15 +24,16 @@ from typing import Any
 
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
-from rigkit.retrieval.dense import embed_texts
 from rigkit.retrieval.hybrid import fuse_hit_lists
 from rigkit.retrieval.ranking import hits_from_scored
 from rigkit.trace import Hit
 
-__all__ = ["supporting_keys", "score_hits", "evaluate_retrieval", "RERANKED_MODE", "MULTI_MODES"]
+__all__ = ["supporting_keys", "score_hits", "evaluate_retrieval", "RERANKED_MODE", "MULTI_MODES",
+           "MULTI_RERANKED_MODES"]
 
 RERANKED_MODE = "hybrid+rerank"
 MULTI_MODES = ("multi", "multi+q")  # several queries per question; +q: the question's list too
+MULTI_RERANKED_MODES = ("multi+rerank", "multi+q+rerank")  # each search reranked, then merged
 
 
 def supporting_keys(row: dict[str, Any], by: str) -> set[str]:
@@ -62,23 +65,25 @@ def evaluate_retrieval(
     """{mode: {"recall@1", "recall@5", "recall@10", "mrr"}} averaged over questions with gold.
 
     `rerank`: a `RerankedRetriever` for mode `hybrid+rerank` (its inner retriever is not used);
-    `subqueries`: question -> its searches, for the modes `multi` and `multi+q`."""
+    `subqueries`: question -> its searches, for the modes `multi` and `multi+q`; both for
+    `multi+rerank` and `multi+q+rerank`."""
     rows = [r for r in rows if supporting_keys(r, by)]
     if not rows:
         raise InputError(f"no question has supporting {by}s to score against")
-    if RERANKED_MODE in modes and rerank is None:
-        raise InputError(f"mode {RERANKED_MODE} needs a reranker (--rerank upr|MODEL)")
-    multi = [m for m in modes if m in MULTI_MODES]
+    multi = [m for m in modes if m in MULTI_MODES + MULTI_RERANKED_MODES]
+    for mode in (m for m in modes if m == RERANKED_MODE or m in MULTI_RERANKED_MODES):
+        if rerank is None:
+            raise InputError(f"mode {mode} needs a reranker (--rerank upr|MODEL)")
     if multi and subqueries is None:
         raise InputError(f"mode {multi[0]} needs sub-queries (--multi-query N)")
-    rerank_seconds = multi_seconds = 0.0
+    rerank_seconds = multi_seconds = multi_rerank_seconds = 0.0
     multi_queries = 0
     hybrid = index.retriever("hybrid", bm25_backend=bm25_backend)
     bm25, dense = hybrid.retrievers["bm25"], hybrid.retrievers["dense"]
     depth = max(max(ks) * 2, *hybrid.top_ks.values())
     vectors = (
-        embed_texts(dense.embedder, [r["question"] for r in rows], role="query")
-        if {"dense", "hybrid", RERANKED_MODE, *MULTI_MODES} & set(modes)
+        dense.embed_queries([r["question"] for r in rows])
+        if {"dense", "hybrid", RERANKED_MODE, *multi} & set(modes)
         else None
     )
     totals = {mode: dict.fromkeys([*(f"recall@{k}" for k in ks), "mrr"], 0.0) for mode in modes}
@@ -86,28 +91,36 @@ def evaluate_retrieval(
         gold = supporting_keys(row, by)
         scored = (
             {"bm25": bm25.scored(row["question"], depth)}
-            if {"bm25", "hybrid", RERANKED_MODE, *MULTI_MODES} & set(modes) else {}
+            if {"bm25", "hybrid", RERANKED_MODE, *multi} & set(modes) else {}
         )
         if vectors is not None:
             scored["dense"] = dense.scored(row["question"], depth, vector=vectors[i])
+        hybrid_hits = (hybrid.fuse([scored["bm25"], scored["dense"]], max(ks))
+                       if {"hybrid", *multi} & set(modes) else [])
+        question_reranked: list[Hit] = []
+        if {RERANKED_MODE, *MULTI_RERANKED_MODES} & set(modes):
+            candidates = hybrid.fuse([scored["bm25"], scored["dense"]], max(rerank.candidates, max(ks)))
+            started = time.perf_counter()
+            question_reranked = rerank.rerank(row["question"], candidates, max(ks))
+            rerank_seconds += time.perf_counter() - started
         merged = {}
         if multi:
             started = time.perf_counter()
             searches = list(subqueries(row["question"]))
-            merged = _merged(hybrid, searches, max(ks), multi,
-                             hybrid.fuse([scored["bm25"], scored["dense"]], max(ks)))
+            merged = _merged(hybrid, searches, max(ks), multi, hybrid_hits)
             multi_seconds += time.perf_counter() - started
             multi_queries += len(searches)
+            if set(MULTI_RERANKED_MODES) & set(multi):
+                started = time.perf_counter()
+                merged.update(_merged(rerank, searches, max(ks), multi, question_reranked, "+rerank"))
+                multi_rerank_seconds += time.perf_counter() - started
         for mode in modes:
             if mode in merged:
                 hits = merged[mode]
             elif mode == "hybrid":
-                hits = hybrid.fuse([scored["bm25"], scored["dense"]], max(ks))
+                hits = hybrid_hits
             elif mode == RERANKED_MODE:
-                candidates = hybrid.fuse([scored["bm25"], scored["dense"]], max(rerank.candidates, max(ks)))
-                started = time.perf_counter()
-                hits = rerank.rerank(row["question"], candidates, max(ks))
-                rerank_seconds += time.perf_counter() - started
+                hits = question_reranked
             elif mode in scored:
                 hits = hits_from_scored(scored[mode], index.chunks, max(ks))
             else:
@@ -120,17 +133,20 @@ def evaluate_retrieval(
     if RERANKED_MODE in result:
         result[RERANKED_MODE]["added_ms_per_query"] = round(1000 * rerank_seconds / len(rows), 1)
     for mode in multi:
-        result[mode]["added_ms_per_query"] = round(1000 * multi_seconds / len(rows), 1)
+        seconds = multi_seconds + (mode in MULTI_RERANKED_MODES) * (
+            multi_rerank_seconds + rerank_seconds * ("+q" in mode))  # the question's own rerank
+        result[mode]["added_ms_per_query"] = round(1000 * seconds / len(rows), 1)
         result[mode]["queries_per_question"] = round(multi_queries / len(rows), 2)
     return result
 
 
-def _merged(hybrid, searches: Sequence[str], top_k: int, modes: Sequence[str],
-            question_hits: list[Hit]) -> dict[str, list[Hit]]:
-    """{mode: hits} for the multi modes: each search's hybrid list (one batch), merged by RRF."""
-    lists = {f"q{i}": hits for i, hits in enumerate(hybrid.search_many(searches, top_k), start=1)}
+def _merged(retriever, searches: Sequence[str], top_k: int, modes: Sequence[str],
+            question_hits: list[Hit], suffix: str = "") -> dict[str, list[Hit]]:
+    """{mode: hits} for the multi modes named `multi{suffix}` and `multi+q{suffix}`: each search's
+    list from `retriever` (one batch), merged by RRF; +q merges `question_hits` in too."""
+    lists = {f"q{i}": hits for i, hits in enumerate(retriever.search_many(searches, top_k), start=1)}
     alone = fuse_hit_lists(lists, top_k) if len(lists) > 1 else next(iter(lists.values()), [])
-    out = {"multi": alone}
-    if "multi+q" in modes:
-        out["multi+q"] = fuse_hit_lists({"q0": question_hits, **lists}, top_k)
+    out = {f"multi{suffix}": alone}
+    if f"multi+q{suffix}" in modes:
+        out[f"multi+q{suffix}"] = fuse_hit_lists({"q0": question_hits, **lists}, top_k)
     return out

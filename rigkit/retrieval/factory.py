@@ -112,6 +112,7 @@ def open_index(config: RetrievalConfig) -> Index:
         k1=config.k1,
         b=config.b,
         dense_index=config.dense_index,
+        precision=config.embedding_precision,
         overwrite=False,
         # A first `rigkit ask --corpus BIG` can take minutes: show it where someone is watching.
         progress=sys.stderr.isatty(),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.base import Retriever, ScoresChunks
-from rigkit.retrieval.dense import DenseRetriever, embed_texts
+from rigkit.retrieval.dense import DenseRetriever
 from rigkit.retrieval.filters import FilterError, accepts_filters, parse_filters, search_filtered
 from rigkit.retrieval.ranking import Scored, collapse_hits, make_hit
 from rigkit.trace import Hit
@@ -139,7 +139,7 @@ class HybridRetriever:
     def search_many(self, queries: Sequence[str], top_k: int = 5, filters=None) -> list[list[Hit]]:
         """`search` for each query; dense members embed all the queries in one batch."""
         filters = parse_filters(filters)
-        vectors = {name: embed_texts(r.embedder, list(queries), role="query") for name, r in self.retrievers.items()
+        vectors = {name: r.embed_queries(list(queries)) for name, r in self.retrievers.items()
                    if isinstance(r, DenseRetriever)}
         answers = []
         for i, query in enumerate(queries):

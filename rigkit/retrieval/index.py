@@ -33,7 +33,7 @@ from rigkit.errors import IndexCorruptError, IndexMismatchError, InputError
 from rigkit.files import fault_point
 from rigkit.readers import FileRead, read_files
 from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
-from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
+from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts, embedding_precision
 from rigkit.retrieval.hybrid import HybridRetriever
 from rigkit.retrieval.reuse import BuildReport, PreviousIndex, previous_index
 from rigkit.retrieval.storage import atomic_dir, file_table, rebuild_hint, recover, verify_files
@@ -98,6 +98,7 @@ class Index:
         dense_index: str = RetrievalConfig.dense_index,
         batch_size: int = 64,
         progress: bool = False,
+        precision: str = RetrievalConfig.embedding_precision,
         embedder: Any = None,
         overwrite: bool = True,
         reuse: bool = True,
@@ -136,7 +137,11 @@ class Index:
         new_vectors = None  # nothing new or changed: the model is not even loaded
         if fresh:
             embedder = embedder or load_embedder(embedding_model)
-            new_vectors = embed_texts(embedder, [c.index_text for c in fresh], batch_size, progress)
+            precision = embedding_precision(embedder, precision)
+            new_vectors = embed_texts(embedder, [c.index_text for c in fresh], batch_size, progress,
+                                      precision=precision)
+        else:  # every vector kept: they keep the precision they were made with
+            precision = previous.manifest["dense"].get("precision", "float32") if previous else "float32"
         timings["embedding_s"] = time.perf_counter() - t
         chunks, vectors, sources, report = _assemble(read.files, fresh, new_vectors, previous)
         t = time.perf_counter()
@@ -159,6 +164,7 @@ class Index:
             dense_index,
             timings,
         )
+        manifest["dense"]["precision"] = precision
         manifest["sources"] = sources
         manifest["skipped"] = report.skipped
         manifest["update"] = report.counts()
@@ -231,8 +237,10 @@ class Index:
         if "dense" not in self._retrievers:
             faiss_index = self._faiss or _read_part(
                 self, "dense.faiss", lambda: DenseRetriever.read_index(self.path / "dense.faiss"))
+            # indexes from before precision was recorded were embedded in float32
+            precision = self.manifest["dense"].get("precision", "float32")
             self._retrievers["dense"] = DenseRetriever(
-                self.chunks, faiss_index, self.embedding_model, self._embedder
+                self.chunks, faiss_index, self.embedding_model, self._embedder, precision
             )
         return self._retrievers["dense"]
 
