@@ -71,9 +71,9 @@ def evaluate_retrieval(
     if not rows:
         raise InputError(f"no question has supporting {by}s to score against")
     multi = [m for m in modes if m in MULTI_MODES + MULTI_RERANKED_MODES]
-    for mode in (m for m in modes if m == RERANKED_MODE or m in MULTI_RERANKED_MODES):
-        if rerank is None:
-            raise InputError(f"mode {mode} needs a reranker (--rerank upr|MODEL)")
+    reranked = [m for m in modes if m == RERANKED_MODE or m in MULTI_RERANKED_MODES]
+    if reranked and rerank is None:
+        raise InputError(f"mode {reranked[0]} needs a reranker (--rerank upr|MODEL)")
     if multi and subqueries is None:
         raise InputError(f"mode {multi[0]} needs sub-queries (--multi-query N)")
     rerank_seconds = multi_seconds = multi_rerank_seconds = 0.0
@@ -98,7 +98,7 @@ def evaluate_retrieval(
         hybrid_hits = (hybrid.fuse([scored["bm25"], scored["dense"]], max(ks))
                        if {"hybrid", *multi} & set(modes) else [])
         question_reranked: list[Hit] = []
-        if {RERANKED_MODE, *MULTI_RERANKED_MODES} & set(modes):
+        if reranked:
             candidates = hybrid.fuse([scored["bm25"], scored["dense"]], max(rerank.candidates, max(ks)))
             started = time.perf_counter()
             question_reranked = rerank.rerank(row["question"], candidates, max(ks))
