@@ -1,12 +1,15 @@
 """`rigkit serve` under load: latency and throughput, one client alone vs many at once.
 
-Starts `rigkit serve` (CPU profile, one model, one worker, a bounded queue) on a free loopback
-port, then
+Starts `rigkit serve` (CPU profile, a bounded queue; the in-process model on one worker, or with
+`--set generator.backend=openai --set generator.base_url=URL` a served model such as vLLM on
+the backend's default of several workers, `--workers N` to choose) on a free loopback port, then
     alone    one client asks the questions one after another
     load     C concurrent clients x Q questions each; a 429 is retried after its `Retry-After`
 and prints p50 / p95 latency (a client's wall time per answer, queueing and retries included),
-throughput (answers per second), the 429 count, and the ratios load / alone. Every question must
-end with exactly one answer: a lost or failed request is an error, not a statistic.
+throughput (answers per second), the 429 count, the ratios load / alone, and how many answers
+under load are identical to the same question's answer alone (greedy decoding: all should be).
+Every question must end with exactly one answer: a lost or failed request is an error, not a
+statistic.
 
 First, time to first token with one client: a streamed `/chat` (the first `token` event) beside
 the loop `rigkit ask` runs, in this process with the same config and model, both warm, taking
@@ -14,6 +17,8 @@ turns question by question (the server idles while the loop runs).
 
     python bench/serve.py            # 16 clients x 3 questions, 24-token answers: the figures in docs/serving.md
     python bench/serve.py --quick    # 4 clients x 2 questions, 8-token answers (~a minute)
+    python bench/serve.py --clients 4 --set generator.backend=openai \
+        --set generator.base_url=http://127.0.0.1:8000/v1 ...   # against a vLLM server (docs/serving.md)
 """
 
 from __future__ import annotations
@@ -45,37 +50,46 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=24, help="answer token limit per question")
     p.add_argument("--max-queue", type=int, default=8, help="the server's queue bound")
     p.add_argument("--url", help="an already running server instead of starting one")
+    p.add_argument("--workers", type=int, help="the server's loops at once (default: the backend's)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config setting for the server and the in-process loop, as `rigkit --set` takes it")
+    p.add_argument("--no-first-token", action="store_true", help="skip the first-token comparison")
     args = p.parse_args()
     if args.quick:
         args.clients, args.questions, args.max_tokens = 4, 2, 8
     questions = [json.loads(line)["question"] for line in (ROOT / "data/demo/questions.jsonl").open()]
     # a terminated benchmark must not leave its server running: SIGTERM unwinds like Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    server = None if args.url else _start(args.max_queue)
+    server = None if args.url else _start(args.max_queue, args.workers, args.settings)
     base = args.url or server[0]
     try:
-        print(f"server {base}  clients {args.clients} x {args.questions} questions, "
-              f"max_tokens {args.max_tokens}, queue bound {args.max_queue}, {os.cpu_count()} cores, "
-              f"load average {os.getloadavg()[0]:.1f}")
+        health = httpx.get(f"{base}/health", timeout=10).json()
+        print(f"server {base}  {health.get('workers', 1)} workers  clients {args.clients} x {args.questions} "
+              f"questions, max_tokens {args.max_tokens}, queue bound {args.max_queue}, {os.cpu_count()} cores, "
+              f"load average {os.getloadavg()[0]:.1f}" + "".join(f"  --set {s}" for s in args.settings))
         options = {"max_tokens": args.max_tokens}
         _ask(base, questions[0], options)  # warm-up (first-call allocations), not counted
-        first = _first_tokens(base, [q for q in questions if q.isascii()][:2 if args.quick else 4], options)
-        alone = _run(base, questions, options, clients=1, per_client=min(len(questions), 5))
+        first = None if args.no_first_token else _first_tokens(
+            base, [q for q in questions if q.isascii()][:2 if args.quick else 4], options, args.settings)
+        alone = _run(base, questions, options, clients=1, per_client=len(questions))
         load = _run(base, questions, options, clients=args.clients, per_client=args.questions)
     finally:
         if server is not None:
             server[1].terminate()
             server[1].wait(60)
-    _report(alone, load, first)
+    same = sum(load["answers_by_question"][q] == [alone["answers_by_question"][q][0]] * len(load["answers_by_question"][q])
+               for q in load["answers_by_question"])
+    _report(alone, load, first, same, health.get("workers", 1))
     return 0
 
 
-def _first_tokens(base: str, questions: list[str], options: dict) -> dict:
+def _first_tokens(base: str, questions: list[str], options: dict, settings: list[str]) -> dict:
     """Seconds to the first token: streamed `/chat` vs `rigkit ask`'s loop in this process."""
     from rigkit.build import build_controller, build_generator
-    from rigkit.config import load_config
+    from rigkit.config import apply_settings, load_config
 
-    config = load_config(ROOT / "configs/cpu.yaml", generator={"max_answer_tokens": options["max_tokens"]})
+    config = apply_settings(load_config(ROOT / "configs/cpu.yaml"), settings)
+    config = config.override(generator={"max_answer_tokens": options["max_tokens"]})
     controller = build_controller(config, build_generator(config.generator))
 
     class FirstToken:
@@ -110,14 +124,16 @@ def _first_tokens(base: str, questions: list[str], options: dict) -> dict:
             "chat_vs_ask": statistics.median(chat) / statistics.median(ask)}
 
 
-def _start(max_queue: int) -> tuple[str, subprocess.Popen]:
+def _start(max_queue: int, workers: int | None, settings: list[str]) -> tuple[str, subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "rigkit.cli", "serve", "--config", str(ROOT / "configs/cpu.yaml"),
-                             "--port", str(port), "--max-queue", str(max_queue)],
+                             "--port", str(port), "--max-queue", str(max_queue),
+                             *(["--workers", str(workers)] if workers else []),
+                             *[arg for setting in settings for arg in ("--set", setting)]],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -134,8 +150,8 @@ def _start(max_queue: int) -> tuple[str, subprocess.Popen]:
     raise SystemExit("rigkit serve did not start in 300 s")
 
 
-def _ask(base: str, question: str, options: dict) -> tuple[float, int]:
-    """(seconds until the answer, 429s met on the way); retries after `Retry-After`."""
+def _ask(base: str, question: str, options: dict) -> tuple[float, int, str]:
+    """(seconds until the answer, 429s met on the way, the answer); retries after `Retry-After`."""
     refused, start = 0, time.perf_counter()
     with httpx.Client(timeout=600) as http:
         while True:
@@ -145,20 +161,23 @@ def _ask(base: str, question: str, options: dict) -> tuple[float, int]:
                 time.sleep(min(float(r.headers.get("retry-after", "1")), 5.0))
                 continue
             r.raise_for_status()
-            if not r.json()["answer"].strip():
+            answer = r.json()["answer"]
+            if not answer.strip():
                 raise RuntimeError(f"an empty answer to {question!r}")
-            return time.perf_counter() - start, refused
+            return time.perf_counter() - start, refused, answer
 
 
 def _run(base: str, questions: list[str], options: dict, clients: int, per_client: int) -> dict:
-    lock, latencies, refusals = threading.Lock(), [], [0]
+    lock, latencies, refusals, answers = threading.Lock(), [], [0], {}
 
     def client(i: int) -> None:
         for j in range(per_client):
-            seconds, refused = _ask(base, questions[(i + j) % len(questions)], options)
+            question = questions[(i + j) % len(questions)]
+            seconds, refused, answer = _ask(base, question, options)
             with lock:
                 latencies.append(seconds)
                 refusals[0] += refused
+                answers.setdefault(question, []).append(answer)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -170,19 +189,23 @@ def _run(base: str, questions: list[str], options: dict, clients: int, per_clien
     latencies.sort()
     return {"clients": clients, "answers": expected, "wall_s": wall, "throughput": expected / wall,
             "p50": statistics.median(latencies), "p95": latencies[max(0, round(0.95 * len(latencies)) - 1)],
-            "refused": refusals[0]}
+            "refused": refusals[0], "answers_by_question": answers}
 
 
-def _report(alone: dict, load: dict, first: dict) -> None:
-    print(f"first token, one client ({first['questions']} questions): streamed /chat p50 {first['chat_p50']:.2f} s, "
-          f"rigkit ask's loop {first['ask_p50']:.2f} s: x{first['chat_vs_ask']:.2f}")
+def _report(alone: dict, load: dict, first: dict | None, same: int, workers: int) -> None:
+    if first is not None:
+        print(f"first token, one client ({first['questions']} questions): streamed /chat p50 "
+              f"{first['chat_p50']:.2f} s, rigkit ask's loop {first['ask_p50']:.2f} s: x{first['chat_vs_ask']:.2f}")
     print(f"{'':10}{'clients':>8}{'answers':>8}{'p50 s':>8}{'p95 s':>8}{'answers/s':>11}{'429s':>6}")
     for name, r in (("alone", alone), ("load", load)):
         print(f"{name:10}{r['clients']:>8}{r['answers']:>8}{r['p50']:>8.2f}{r['p95']:>8.2f}"
               f"{r['throughput']:>11.2f}{r['refused']:>6}")
+    why = (" (one model, one worker: throughput stays flat and the wait grows with the queue)"
+           if workers == 1 else f" ({workers} workers)")
+    asked = len(load["answers_by_question"])
     print(f"load / alone: p50 x{load['p50'] / alone['p50']:.1f}, p95 x{load['p95'] / alone['p95']:.1f}, "
-          f"throughput x{load['throughput'] / alone['throughput']:.2f} (one model, one worker: "
-          "throughput stays flat and the wait grows with the queue); nothing lost")
+          f"throughput x{load['throughput'] / alone['throughput']:.2f}{why}; nothing lost; "
+          f"answers under load identical to alone: {same} of {asked} questions")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps({"alone": alone, "load": load, "first_token": first}, indent=2))

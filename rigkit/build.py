@@ -93,6 +93,15 @@ def build_generator(config: GeneratorConfig | None = None) -> Generator:
     return generation.generator_from_config(config or GeneratorConfig())
 
 
+SERVED_CONCURRENCY = 8  # loops at once against a served model: its server batches their calls
+
+
+def default_concurrency(config: GeneratorConfig) -> int:
+    """How many loops run at once by default: one for an in-process model (one KV cache, and a
+    copy per loop would cost its memory again), several for a served model."""
+    return SERVED_CONCURRENCY if config.backend == "openai" else 1
+
+
 def build_retriever(config: RetrievalConfig | None = None, generator: Generator | None = None) -> Retriever:
     """The retriever `config` describes (`retrieval.mode` picks it from `RETRIEVERS`), reranked
     when `retrieval.rerank` names a reranker (`upr` scores with `generator`)."""

@@ -17,7 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--max-queue", type=int, default=8, help="requests waiting for the model before 429")
+    p.add_argument("--max-queue", type=int, default=8, help="requests waiting for a free worker before 429")
+    p.add_argument("--workers", type=_positive, metavar="N",
+                   help="RIG loops run at once, each with its own generator (default: 1 for an "
+                        "in-process model, 8 for a served one, whose server batches their calls)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=DRAIN_SECONDS, metavar="SECONDS",
                    help="on SIGTERM, how long in-flight requests may run on before they are cut "
                         f"(default {DRAIN_SECONDS:g}; a second signal exits at once)")
@@ -34,6 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("mcp", help="an MCP server over stdio with the search and ask tools")
     _common(m)
     m.set_defaults(func=run_mcp)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 1")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -67,7 +77,8 @@ def _config(args: argparse.Namespace):
 def _service(args: argparse.Namespace, load_model: bool = True, config=None):
     from rigkit.serve.service import RigService
 
-    return RigService(config or _config(args), max_queue=getattr(args, "max_queue", 8), tool_result_tokens=args.tool_result_tokens,
+    return RigService(config or _config(args), max_queue=getattr(args, "max_queue", 8),
+                      workers=getattr(args, "workers", None), tool_result_tokens=args.tool_result_tokens,
                       load_model=load_model)
 
 
@@ -97,7 +108,8 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(service, api_key=api_key, max_body_bytes=args.max_body_bytes, mcp=not args.no_mcp,
                      host=args.host, exposure=exposure)
     server = draining_server(app, service, host=args.host, port=args.port, drain_seconds=args.shutdown_timeout)
-    print(f"rigkit serve: http://{args.host}:{args.port} (model {service.model_name})", file=sys.stderr, flush=True)
+    print(f"rigkit serve: http://{args.host}:{args.port} (model {service.model_name}, "
+          f"{service.worker.workers} worker{'s' * (service.worker.workers > 1)})", file=sys.stderr, flush=True)
     server.run()
     return 0
 

@@ -169,7 +169,9 @@ def evaluate(
     built = build_systems(specs, cfg, generator, retriever)
     scorer = FaithfulnessScorer() if faithfulness else None
     if concurrency is None:
-        concurrency = 8 if cfg.generator.backend == "openai" else 1
+        from rigkit.build import default_concurrency
+
+        concurrency = default_concurrency(cfg.generator)
 
     def worker_systems():  # each worker its own generator: its own KV cache or HTTP session
         from rigkit.build import build_generator

@@ -77,7 +77,7 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
     async def health() -> dict[str, Any]:
         worker = service.worker
         return {"status": "draining" if worker.draining else "ok", "queue": worker.depth,
-                "completed": worker.completed, "cancelled": worker.cancelled, "model": service.model_name}
+                "running": worker.running, "workers": worker.workers, "completed": worker.completed, "cancelled": worker.cancelled, "model": service.model_name}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -3,8 +3,11 @@
 `RigService` loads its generator and retriever once through `rigkit.build` and, per request,
 builds a controller over those same parts (`build_controller(config, generator=...,
 retriever=...)`), so the server runs exactly the loop `rigkit ask` runs: there is no second copy
-of it here. Model work goes through the `ModelWorker` (one thread, bounded queue); searches take turns on
-the index (`rigkit.serve.searcher`).
+of it here. Model work goes through the `ModelWorker` (bounded queue, `workers` threads); each
+thread has its own generator (built by `generator_factory`, by default from the config), so
+concurrent loops share no KV cache or sampling settings; searches take turns on the one index
+(`rigkit.serve.searcher`). `workers` defaults to the backend's (`rigkit.build.default_concurrency`):
+1 for an in-process model, several for a served one, whose server batches the concurrent calls.
 
 Client-side tools: when a request declares a `search` tool, the retriever of its controller is a
 `_ToolResults` that answers from the `role: "tool"` messages and, when they run out, suspends the
@@ -103,42 +106,58 @@ class RigService:
         generator: Any = None,
         retriever: Any = None,
         max_queue: int = 8,
+        workers: int | None = None,
+        generator_factory: Callable[[], Any] | None = None,
         tool_result_tokens: int | None = None,
         load_model: bool = True,
     ):
-        """Loads the index now, and the model now or (`load_model=False`) at the first question."""
-        self.config = config
-        from rigkit.build import build_generator, build_retriever
+        """Loads the index now, and the model now or (`load_model=False`) at the first question.
 
+        `workers` loops run at once (None: the backend's default); the first uses `generator`,
+        every other worker (and the first, when `generator` is None) one of its own from
+        `generator_factory` (default: built from the config), made when that worker first runs."""
+        self.config = config
+        from rigkit.build import build_generator, build_retriever, default_concurrency
+
+        workers = default_concurrency(config.generator) if workers is None else workers
+        if generator is not None and generator_factory is None and workers > 1:
+            raise ValueError("several workers need a generator_factory: one generator per worker")
         if retriever is None:
             retriever = build_retriever(config.retrieval)
         if generator is None and load_model:
             generator = build_generator(config.generator)
-        # the worker's rounds and /retrieve, /rpc, MCP searches share the index: one at a time, fairly
-        self._generator, self.retriever = generator, SharedSearcher(retriever)
+        # the workers' rounds and /retrieve, /rpc, MCP searches share the index: one at a time, fairly
+        self.retriever = SharedSearcher(retriever)
+        self._generators: list[Any] = [generator] + [None] * (workers - 1)
+        self._factory = generator_factory or (lambda: build_generator(self.config.generator))
         self._load_lock = threading.Lock()
         self.model_name = config.generator.model
         self.tool_result_tokens = tool_result_tokens or config.context.max_passage_tokens
-        self.worker = ModelWorker(max_queue)
+        self.worker = ModelWorker(max_queue, workers)
         self._pending: OrderedDict[str, tuple[str, list[Segment]]] = OrderedDict()
+        self._pending_lock = threading.Lock()
         self.started = int(time.time())
 
     @property
     def generator(self) -> Any:
-        """The served model, loaded on first use when the service was built without it."""
-        if self._generator is None:
-            with self._load_lock:
-                if self._generator is None:
-                    from rigkit.build import build_generator
+        """The first worker's model (names, token counts), loaded on first use when the service
+        was built without it."""
+        return self.generator_of(0)
 
-                    self._generator = build_generator(self.config.generator)
-        return self._generator
+    def generator_of(self, slot: int | None) -> Any:
+        """The generator of worker `slot` (None: the first), made on first use."""
+        slot = slot or 0
+        if self._generators[slot] is None:
+            with self._load_lock:
+                if self._generators[slot] is None:
+                    self._generators[slot] = self._factory()
+        return self._generators[slot]
 
     # -- names -----------------------------------------------------------------------------------
     def model_ids(self) -> list[str]:
         """Names a request may give as `model`: the configured name, and the loaded spec."""
         names = [self.model_name]
-        spec = self._generator.spec if self._generator is not None else ""
+        spec = self._generators[0].spec if self._generators[0] is not None else ""
         if spec and spec not in names:
             names.append(spec)
         return names
@@ -161,9 +180,10 @@ class RigService:
         hold: bool = False,
     ) -> RIGResult:
         """Server-side RIG: one controller run; events are sent as they happen."""
+        generator = self.generator_of(job.slot)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
-        controller = self._controller(options, callbacks)
-        with _sampling(self.generator, options):
+        controller = self._controller(options, callbacks, generator=generator)
+        with _sampling(generator, options):
             return controller.run(question, history=history)
 
     def tool_step(
@@ -181,17 +201,19 @@ class RigService:
         recorded: list[Segment] = []
         if rounds:
             last = rounds[-1].call_ids
-            key = next((c for c in last if c in self._pending), last[0] if last else "")
-            question_then, segments = self._pending.get(key, ("", []))
+            with self._pending_lock:
+                key = next((c for c in last if c in self._pending), last[0] if last else "")
+                question_then, segments = self._pending.get(key, ("", []))
             recorded = list(segments) if question_then == question else []
-        generator = _ReplayGenerator(self.generator, recorded)
+        own = self.generator_of(job.slot)
+        generator = _ReplayGenerator(own, recorded)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
         tool_results = _ToolResults([self._tool_hits(r) for r in rounds])
         controller = self._controller(options, callbacks, generator=generator, retriever=tool_results)
         needs = _PerNeedQueries(controller.query_builder)
         controller.query_builder, tool_results.needs = needs, needs.queries
         try:
-            with _sampling(self.generator, options):
+            with _sampling(own, options):
                 result = controller.run(question, history=history)
         except ToolCallNeeded as need:
             calls = [ToolCall(f"call_{uuid.uuid4().hex[:24]}", q) for q in need.queries]
@@ -211,7 +233,7 @@ class RigService:
             callbacks.append(_RoundSink(on_round))
         return stream, callbacks
 
-    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any = None, retriever: Any = None):
+    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any, retriever: Any = None):
         from rigkit.build import build_controller
 
         config = self.config
@@ -224,7 +246,7 @@ class RigService:
             decider={"threshold": options.threshold},
         )
         return build_controller(
-            config, generator=generator or self.generator, retriever=retriever or self.retriever,
+            config, generator=generator, retriever=retriever or self.retriever,
             callbacks=callbacks,
         )
 
@@ -251,10 +273,11 @@ class RigService:
         return " ".join(words[:lo]) + note
 
     def _remember(self, call_ids: list[str], question: str, segments: list[Segment]) -> None:
-        for call_id in call_ids:  # a client may answer the calls of one message in any order
-            self._pending[call_id] = (question, list(segments))
-        while len(self._pending) > 256:  # old pending turns are replayed by generating again
-            self._pending.popitem(last=False)
+        with self._pending_lock:
+            for call_id in call_ids:  # a client may answer the calls of one message in any order
+                self._pending[call_id] = (question, list(segments))
+            while len(self._pending) > 256:  # old pending turns are replayed by generating again
+                self._pending.popitem(last=False)
 
 
 def grounding_summary(result: RIGResult) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""One thread owns the model; requests wait in a bounded queue in front of it.
+"""A fixed set of model threads; requests wait in one bounded queue in front of them.
 
-The in-process generator keeps a per-question KV cache and is not thread-safe, so every model
-call runs on this one worker thread, in arrival order. Beyond `max_queue` waiting jobs a request
-is refused at once (the HTTP layer answers 429 with `Retry-After`) instead of waiting without
+Each thread is a slot (`Job.slot`) with its own generator: an in-process generator keeps a
+per-question KV cache and is not thread-safe, so it gets one slot and every model call runs on
+that thread in arrival order; a served model (a batching server such as vLLM) gets several, so
+several RIG loops run at once and the server batches their calls. Jobs start in arrival order.
+Beyond `max_queue` waiting jobs, with every slot busy, a request is refused at once (the HTTP layer answers 429 with `Retry-After`) instead of waiting without
 bound. A cancelled job leaves the queue (its slot is free at once) or, when already running, is
 told through `job.cancelled`, which the run's `TokenStream` checks between tokens and rounds.
 `close()` refuses new jobs, finishes every accepted one, then stops the thread: nothing accepted
@@ -39,30 +41,35 @@ class Draining(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """One unit of model work; `fn(job)` runs on the worker thread."""
+    """One unit of model work; `fn(job)` runs on a worker thread, whose index is `slot`."""
 
     fn: Callable[[Job], Any]
+    slot: int | None = None
     future: Future = field(default_factory=Future)
     cancelled: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
 
 class ModelWorker:
-    """A single worker thread with a bounded FIFO queue of `Job`s."""
+    """`workers` threads taking `Job`s from one bounded FIFO queue."""
 
-    def __init__(self, max_queue: int = 8):
+    def __init__(self, max_queue: int = 8, workers: int = 1):
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
-        self.max_queue = max_queue
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.max_queue, self.workers = max_queue, workers
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
-        self._running: Job | None = None
+        self._running: set[Job] = set()
         self._draining = False
         self._mean_seconds = 2.0  # running mean of job times, for Retry-After
         self.completed = 0  # jobs run to an outcome (a result or an error)
         self.cancelled = 0  # jobs stopped because their client went away
-        self._thread = threading.Thread(target=self._loop, name="rigkit-model", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, args=(slot,), name=f"rigkit-model-{slot}", daemon=True)
+                         for slot in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     # -- the request side ----------------------------------------------------------------------
     def submit(self, fn: Callable[[Job], Any]) -> Job:
@@ -70,7 +77,7 @@ class ModelWorker:
         with self._cv:
             if self._draining:
                 raise Draining("the server is shutting down")
-            if len(self._queue) >= self.max_queue and self._running is not None:
+            if len(self._queue) >= self.max_queue and len(self._running) >= self.workers:
                 raise Busy(self.retry_after())
             job = Job(fn)
             self._queue.append(job)
@@ -87,14 +94,22 @@ class ModelWorker:
                 job.future.set_exception(CancelledJob("cancelled before it started"))
 
     def retry_after(self) -> int:
-        """Seconds until a slot is likely free: the waiting jobs at the mean job time."""
-        return max(1, math.ceil(self._mean_seconds * (len(self._queue) + 1)))
+        """Seconds until a slot is likely free: the waiting jobs, shared by the slots, at the
+        mean job time."""
+        rounds = math.ceil((len(self._queue) + 1) / self.workers)
+        return max(1, math.ceil(self._mean_seconds * rounds))
 
     @property
     def depth(self) -> int:
-        """Jobs waiting plus the one running."""
+        """Jobs waiting plus those running."""
         with self._cv:
-            return len(self._queue) + (self._running is not None)
+            return len(self._queue) + len(self._running)
+
+    @property
+    def running(self) -> int:
+        """Jobs running now (at most `workers`)."""
+        with self._cv:
+            return len(self._running)
 
     @property
     def draining(self) -> bool:
@@ -107,27 +122,30 @@ class ModelWorker:
             self._cv.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuse new jobs, finish the accepted ones, stop the thread."""
+        """Refuse new jobs, finish the accepted ones, stop the threads."""
         with self._cv:
             self._draining = True
             self._cv.notify_all()
-        self._thread.join(timeout)
+        self._join(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Refuse new jobs and cancel every accepted one (their clients are gone: the server's
-        drain deadline has passed or their connections closed), then stop the thread."""
+        drain deadline has passed or their connections closed), then stop the threads."""
         with self._cv:
             self._draining = True
-            waiting, running = list(self._queue), self._running
-            self._cv.notify_all()  # an idle thread wakes and ends
-        for job in waiting:
-            self.cancel(job)
-        if running is not None:
-            self.cancel(running)  # the run stops at its next token or round
-        self._thread.join(timeout)
+            waiting, running = list(self._queue), list(self._running)
+            self._cv.notify_all()  # idle threads wake and end
+        for job in waiting + running:
+            self.cancel(job)  # a running one stops at its next token or round
+        self._join(timeout)
+
+    def _join(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # -- the worker side -----------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, slot: int) -> None:
         while True:
             with self._cv:
                 while not self._queue and not self._draining:
@@ -135,7 +153,8 @@ class ModelWorker:
                 if not self._queue:  # draining and nothing left
                     return
                 job = self._queue.popleft()
-                self._running = job
+                job.slot = slot
+                self._running.add(job)
             started = time.perf_counter()
             try:
                 if job.cancelled.is_set():
@@ -153,7 +172,7 @@ class ModelWorker:
             finally:
                 elapsed = time.perf_counter() - started
                 with self._cv:
-                    self._running = None
+                    self._running.discard(job)
                     self.completed += 1
                     self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
 
