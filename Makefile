@@ -32,9 +32,11 @@ demo: setup
 	$(BIN)/rigkit ask --config configs/cpu.yaml --decider prob \
 	  "Can I use code under the Apache-2.0 licence in a commercial product, and what must I include when I ship it?"
 
-# The whole suite: fast tests, then model, notebook and browser tests.
+# The whole suite: fast tests, then model, notebook, browser and vLLM tests (vLLM's own venv,
+# .vllm-venv: built once, 2-5 min and 3.5 GB; later runs only check it, ~5 s).
 test: setup-dev
 	$(BIN)/python -m tests.browser_setup --install
+	$(BIN)/python -m tests.vllm_setup --install
 	$(BIN)/python -m pytest -m "" -q
 
 test-fast: setup-dev
@@ -70,4 +72,4 @@ lint: setup-dev
 	$(BIN)/ruff check rigkit tests bench
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .vllm-venv

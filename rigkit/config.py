@@ -96,6 +96,10 @@ class RetrievalConfig:
     k1: float = 1.5  # BM25 term-frequency saturation
     b: float = 0.75  # BM25 document-length normalisation
     dense_index: str = "flat"  # flat (exact) | hnsw | ivf
+    dense_backend: str = "faiss"  # where the vectors live: faiss (a file in the index folder) | milvus (a Milvus collection; the folder keeps chunks, BM25 and the manifest)
+    milvus_uri: str | None = None  # milvus: the server, e.g. http://127.0.0.1:19530; null = at build that address, at load the URI the index recorded
+    milvus_collection: str | None = None  # milvus: the collection name (an alias) a build writes; null = rigkit_ + the index folder's name
+    milvus_token_env: str | None = None  # milvus: name of the environment variable holding the server's token (user:password or an API key); null = none
     rrf_k: int = 60  # hybrid: Reciprocal Rank Fusion constant, 1 / (rrf_k + rank)
     bm25_top_k: int = 20  # hybrid: BM25 hits that enter the fusion
     dense_top_k: int = 20  # hybrid: dense hits that enter the fusion

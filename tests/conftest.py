@@ -44,7 +44,8 @@ def hang_limit(quiet_seconds: float) -> float:
     return quiet_seconds * SLOW_MACHINE_FACTOR
 
 
-def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.5) -> None:
+def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.5,
+                       name: str = "rigkit serve") -> None:
     """Wait for a started server's /health to answer 200; fail with its log if it exits or hangs.
 
     `log_tail()` returns the end of the server's log for the failure message."""
@@ -53,14 +54,15 @@ def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"rigkit serve exited with {proc.returncode}:\n{log_tail()}")
+            pytest.fail(f"{name} exited with {proc.returncode}:\n{log_tail()}")
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
-            time.sleep(poll)
+            pass
+        time.sleep(poll)  # also after a non-200 answer (a server still loading), not only on errors
     proc.kill()
-    pytest.fail(f"rigkit serve did not start:\n{log_tail()}")
+    pytest.fail(f"{name} did not start in {limit:.0f} s:\n{log_tail()}")
 
 
 @dataclass(frozen=True)

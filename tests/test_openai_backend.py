@@ -117,6 +117,24 @@ def test_vllm_gets_token_ids_and_stop_strings():
     assert "token-id prompts" in generator.source
 
 
+def test_the_end_of_turn_token_vllm_sends_is_not_kept():
+    """As in-process: a turn that ends leaves no `<|im_end|>` id (nor its log-probability) behind."""
+    tokenizer = _tokenizer()
+    ids = [tokenizer.convert_tokens_to_ids(w) for w in ("it", " ", "is")] + [tokenizer.eos_token_id]
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"data": [{"id": "m", "owned_by": "vllm"}]})
+        events = [_token_event(f"token_id:{i}", top={f"token_id:{i}": -0.1}) for i in ids]
+        events[-1]["choices"][0]["finish_reason"] = "stop"
+        return httpx.Response(200, content=_sse(events))
+
+    generator = OpenAIGenerator(URL, "m", tokenizer, transport=httpx.MockTransport(vllm))
+    segment = generator.next_segment(_prompt(generator), StopRule(), 20)
+    assert segment.finish_reason == "end_of_turn" and segment.text == "it is"
+    assert segment.token_ids == ids[:3] and len(segment.tokens) == len(segment.logprobs) == 3
+
+
 def test_cached_tokens_unknown_when_the_server_does_not_say():
     generator = _generator(Server(["It", "."], usage={"prompt_tokens": 12}))
     segment = generator.next_segment(_prompt(generator), StopRule(), 20)

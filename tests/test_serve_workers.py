@@ -127,7 +127,7 @@ def test_each_worker_answers_with_its_own_generator_at_the_same_time():
     config = RunConfig.from_dict({"decider": {"name": "never"}})
     service = RigService(config, generator=factory(), generator_factory=factory, workers=3,
                          retriever=DictRetriever({}, default=HITS))
-    jobs = [service.worker.submit(lambda job: service.ask(job, f"question {n}")) for n in range(3)]
+    jobs = [service.worker.submit(lambda job, n=n: service.ask(job, f"question {n}")) for n in range(3)]
     answers = [j.future.result(timeout=hang_limit(10)).answer for j in jobs]
     service.worker.close(timeout=5)
     assert answers == [ANSWER] * 3

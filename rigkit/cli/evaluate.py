@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--concurrency", type=int, default=None,
                     help="questions answered at once, each worker with its own generator "
                     "(default: 1 in-process, 8 for a served model)")
+    ev.add_argument("--ray", metavar="ADDRESS",
+                    help="answer on a Ray cluster (auto, HOST:PORT, ray://HOST:10001, or local): "
+                         "--concurrency actors (default: one per CPU), each loading its own generator "
+                         "and retriever; this process writes the results")
     ev.add_argument("--shard", help="i/n: only every n-th question from the i-th, to split one "
                     "evaluation across machines (join with `rigkit eval-merge`)")
     ev.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -103,7 +107,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         limit=args.limit, layout=args.layout, split=args.split, model=args.model,
         faithfulness=not args.no_faithfulness, traces=not args.no_traces,
         progress=not args.no_progress and not args.json, concurrency=args.concurrency,
-        shard=args.shard,
+        shard=args.shard, ray=args.ray,
     )
     out = Path(args.out)
     if args.json:

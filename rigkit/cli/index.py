@@ -1,4 +1,4 @@
-"""`rigkit index build|info`, `rigkit search`, `rigkit eval-retrieval`: the retrieval commands."""
+"""`rigkit index build|attach|info|verify`, `rigkit search`, `rigkit eval-retrieval`: the retrieval commands."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     index = subparsers.add_parser("index", help="build or inspect a saved retrieval index")
     actions = index.add_subparsers(dest="index_command", required=True)
     _add_build(actions)
+    _add_attach(actions)
     info = actions.add_parser("info", help="print an index's manifest")
     info.add_argument("dir")
     info.set_defaults(func=_info)
@@ -37,8 +38,8 @@ def _add_build(actions) -> None:
     build = actions.add_parser(
         "build", help="chunk a corpus and build BM25 + vector indexes",
         description="Chunk a corpus and build both indexes with the retrieval section of the run "
-        "config: embedding_model, embedding_precision, chunk_size, overlap, bm25_method, k1, b, dense_index "
-        "(e.g. --set retrieval.dense_index=hnsw; docs/config.md).")
+        "config: embedding_model, embedding_precision, chunk_size, overlap, bm25_method, k1, b, dense_index, "
+        "dense_backend and the milvus_* keys (e.g. --set retrieval.dense_index=hnsw; docs/config.md).")
     build.add_argument("--corpus", help="a JSONL, .pdf, .docx, .html, .md or .txt file, or a folder "
                        "of them (default: retrieval.corpus of --config); rebuilding into the same "
                        "--out re-embeds only new and changed files")
@@ -52,11 +53,46 @@ def _add_build(actions) -> None:
         action="store_true",
         help="one chunk per document (the model truncates long ones; a warning counts them)",
     )
+    build.add_argument("--backend", choices=("faiss", "milvus"), default=None,
+                       help="retrieval.dense_backend: where the vectors live (default faiss, a file "
+                       "in --out; milvus: a Milvus collection, docs/retrieval.md#milvus)")
+    build.add_argument("--milvus-uri", metavar="URI",
+                       help="retrieval.milvus_uri (default http://127.0.0.1:19530)")
+    build.add_argument("--milvus-collection", metavar="NAME",
+                       help="retrieval.milvus_collection: the alias the build points at its "
+                       "collection (default rigkit_ + the --out folder's name)")
     build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
     build.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     build.add_argument("--strict", action="store_true",
                        help="exit 1 when any file was skipped as unreadable (the rest is indexed)")
     build.set_defaults(func=_build)
+
+
+def _add_attach(actions) -> None:
+    attach = actions.add_parser(
+        "attach", help="use a prebuilt FlashRAG / Search-R1 faiss index and its corpus in place",
+        description="Make an index folder that references a prebuilt faiss index and the JSONL corpus it "
+        "was built from (row i = line i), without copying or re-embedding; queries are embedded as "
+        "FlashRAG does for the encoder. Dense only (docs/retrieval.md).")
+    attach.add_argument("--faiss", required=True, metavar="FILE", help="the faiss index, e.g. e5_Flat.index")
+    attach.add_argument("--corpus", required=True, metavar="FILE",
+                        help='its corpus: JSONL, {"id", "contents": "\"Title\"\ntext"} a line')
+    attach.add_argument("--encoder", required=True, metavar="MODEL",
+                        help="the model the index was built with: a transformers folder or hub id")
+    attach.add_argument("--query-prefix", metavar="TEXT",
+                        help="put before every query (default: FlashRAG's for the model's name: "
+                        "'query: ' for e5, the bge instruction for bge, else none)")
+    attach.add_argument("--passage-prefix", metavar="TEXT",
+                        help="what the passages were embedded with (default 'passage: ' for e5, else "
+                        "none); checked at attach, used where rigkit embeds passage text itself")
+    attach.add_argument("--pooling", choices=("mean", "cls", "pooler"),
+                        help="default: the model folder's 1_Pooling config, else FlashRAG's table "
+                        "(e5 mean, bge cls, dpr pooler), else mean")
+    attach.add_argument("--query-max-length", type=int, default=128, metavar="N",
+                        help="query tokens kept (default 128, FlashRAG's; Search-R1's server uses 256)")
+    attach.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
+    attach.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    attach.set_defaults(func=_attach)
 
 
 def _add_search(subparsers) -> None:
@@ -129,9 +165,12 @@ def _setup_logging() -> None:
 def _build(args: argparse.Namespace) -> int:
     from rigkit.cli import check_out, run_config
     from rigkit.retrieval import Index
+    from rigkit.retrieval.milvus import MilvusTarget
 
     check_out(args.out)
-    r = run_config(args, retrieval={"corpus": args.corpus, "chunk_size": args.chunk_size}).retrieval
+    r = run_config(args, retrieval={"corpus": args.corpus, "chunk_size": args.chunk_size,
+                                    "dense_backend": args.backend, "milvus_uri": args.milvus_uri,
+                                    "milvus_collection": args.milvus_collection}).retrieval
     use_user_dict(r.user_dict)
     if r.corpus is None:
         raise InputError("index build needs a corpus: --corpus FILE (or retrieval.corpus in --config)")
@@ -153,6 +192,8 @@ def _build(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.no_progress and sys.stderr.isatty(),
         precision=r.embedding_precision,
+        dense_backend=r.dense_backend,
+        milvus=MilvusTarget.from_config(r),
     )
     m = index.manifest
     print(
@@ -161,9 +202,33 @@ def _build(args: argparse.Namespace) -> int:
         f"{m['chunking']['overlap']}{', unsplit' if args.no_split else ''}) in "
         f"{time.perf_counter() - started:.1f} s; timings {m['timings']}"
     )
+    if "milvus" in m["dense"]:
+        record = m["dense"]["milvus"]
+        print(f"vectors in Milvus at {record['uri']}: collection {record['collection']} "
+              f"(alias {record['alias']})")
     for line in index.report.lines():
         print(line)
     return 1 if args.strict and index.report.skipped else 0
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_out
+    from rigkit.retrieval.attach import AttachedIndex
+
+    check_out(args.out)
+    _setup_logging()
+    index = AttachedIndex.attach(args.faiss, args.corpus, args.out, args.encoder, args.query_prefix,
+                                 args.passage_prefix, args.pooling, args.query_max_length,
+                                 progress=not args.no_progress and sys.stderr.isatty())
+    m, e = index.manifest, index.manifest["encoder"]
+    check = m["check"]
+    agreement = (f"passages 1-{check['rows']} re-embedded: cosine >= {check['min_cosine']:.4f} to their vectors"
+                 if check.get("rows") else f"not re-embedded ({check.get('skipped')})")
+    print(f"attached {args.out}: {m['chunks']} passages of {m['corpus']['path']} to {m['faiss']['path']} "
+          f"({m['faiss']['type']}, {m['dimension']} dimensions) in {m['timings']['total_s']:.1f} s\n"
+          f"  encoder {e['model']}: pooling {e['pooling']}, query prefix {e['query_prefix']!r}, passage prefix "
+          f"{e['passage_prefix']!r}, {e['query_max_length']} query tokens; {agreement}")
+    return 0
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -180,8 +245,9 @@ def _verify(args: argparse.Namespace) -> int:
     index = Index.load(args.dir)
     index.verify()
     n = len(index.manifest["files"])
-    print(f"{args.dir}: {n} files match the manifest; {len(index.chunks)} chunks, BM25 and "
-          f"{index.dense().index.ntotal} vectors agree")
+    parts = "the corpus and" if index.manifest.get("kind") == "attached" else "BM25 and"
+    print(f"{args.dir}: {n} files match the manifest; {len(index.chunks)} chunks, {parts} "
+          f"{index.dense().n_vectors} vectors agree")
     return 0
 
 
@@ -197,7 +263,8 @@ def _search(args: argparse.Namespace) -> int:
                                          "rerank": args.rerank, "filters": args.filter})
     r = config.retrieval
     use_user_dict(r.user_dict)
-    index = Index.load(args.dir, embedding_model=args.embedding_model)
+    index = Index.load(args.dir, embedding_model=args.embedding_model, milvus_uri=r.milvus_uri,
+                       milvus_token_env=r.milvus_token_env)
     hits = _reranked(with_filters(_retriever(index, r), r), config).search(args.query, args.top_k)
     if args.json:
         print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=1))
@@ -247,7 +314,12 @@ def _eval(args: argparse.Namespace) -> int:
     from rigkit.cli import run_config
     from rigkit.datasets import load_qa, split_questions
     from rigkit.retrieval import Index
-    from rigkit.retrieval.evaluation import MULTI_MODES, MULTI_RERANKED_MODES, RERANKED_MODE, evaluate_retrieval
+    from rigkit.retrieval.evaluation import (
+        MULTI_MODES,
+        MULTI_RERANKED_MODES,
+        RERANKED_MODE,
+        evaluate_retrieval,
+    )
 
     config = run_config(args, retrieval={"index": args.index, "bm25_backend": args.bm25_backend,
                                          "rerank": args.rerank})
@@ -260,7 +332,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.split:
         rows = split_questions(rows, Path(args.qa).parent, args.split)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    index = Index.load(r.index)
+    index = Index.load(r.index, milvus_uri=r.milvus_uri, milvus_token_env=r.milvus_token_env)
     rerank = None
     if r.rerank != "none":  # the hybrid's candidates reranked: one more mode, beside the others
         rerank = _reranked(index.retriever("hybrid", bm25_backend=r.bm25_backend), config)

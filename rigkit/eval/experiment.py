@@ -90,7 +90,8 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _load_parts(cfg: RunConfig, specs: list, generator: Any, retriever: Any) -> tuple[Any, Any]:
+def load_parts(cfg: RunConfig, specs: list, generator: Any = None, retriever: Any = None) -> tuple[Any, Any]:
+    """The generator and retriever the systems of `specs` need (those given are kept)."""
     from rigkit.build import build_generator, build_retriever
 
     if generator is None:
@@ -127,13 +128,16 @@ def evaluate(
     shard: str | tuple[int, int] | None = None,
     generator_factory: Any = None,
     settings: Sequence[str] = (),
+    ray: str | None = None,
 ) -> RunSummary:
     """Run `systems` on the questions of `qa` into `out` (resumable) and write the report.
 
     `concurrency`: worker threads, each with its own generator (None: 1 in-process, 8 when the
     generator is a served model; `generator_factory()` makes a worker's generator when
-    `generator` is passed in). `shard="i/n"`: only every n-th question from the i-th; join
-    the shards' folders with `merge_runs`.
+    `generator` is passed in). `ray`: a Ray cluster's address ("local" for this machine) whose
+    `concurrency` actors (None: one per CPU) answer instead, each loading its own parts; this
+    process loads none. `shard="i/n"`: only every n-th question from the i-th; join the shards'
+    folders with `merge_runs`.
 
     `generator` / `retriever` may be passed in (e.g. rigkit.testing's scripted parts); otherwise
     they are loaded from the config (`--config`, then `settings`: `section.key=value` as `--set`
@@ -163,7 +167,10 @@ def evaluate(
         "question_ids": [q.id for q in items], "dataset": items[0].dataset,
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
-    generator, retriever = _load_parts(cfg, specs, generator, retriever)
+    if ray is not None:
+        return _evaluate_on_ray(ray, items, specs, cfg, folder, meta, runs=runs, faithfulness=faithfulness,
+                                traces=traces, progress=progress, workers=concurrency, report=report)
+    generator, retriever = load_parts(cfg, specs, generator, retriever)
     meta["model"] = {"spec": generator.spec or cfg.generator.model, "source": generator.source}
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
     built = build_systems(specs, cfg, generator, retriever)
@@ -185,3 +192,33 @@ def evaluate(
     if report:
         write_report(folder)
     return summary
+
+
+def _evaluate_on_ray(address: str, items: list[QAItem], specs: list, cfg: RunConfig, folder: Path,
+                     meta: dict[str, Any], *, runs: int, faithfulness: bool, traces: bool, progress: bool,
+                     workers: int | None, report: bool) -> RunSummary:
+    """`evaluate` with Ray actors answering; this process only plans and writes."""
+    from rigkit.eval.distributed import RayWorkers
+
+    cfg = _absolute_paths(cfg)  # actors may run in another working directory
+    pool = RayWorkers(address, specs, cfg, workers, faithfulness)
+    try:
+        meta["model"] = {"spec": cfg.generator.model,
+                         "source": f"Ray {address}: {pool.workers} workers, each its own {cfg.generator.backend} generator"}
+        atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
+        summary = run_eval(items, specs, folder, runs=runs, base_seed=cfg.generator.seed, traces=traces,
+                           progress=progress, remote=pool)
+    finally:
+        pool.close()
+    if report:
+        write_report(folder)
+    return summary
+
+
+def _absolute_paths(cfg: RunConfig) -> RunConfig:
+    """Index and corpus paths that exist here, made absolute (URLs and names are left as they are)."""
+    changes = {key: str(Path(value).resolve()) for key in ("index", "corpus")
+               if (value := getattr(cfg.retrieval, key)) and Path(value).exists()}
+    model = cfg.generator.model
+    generator = {"model": str(Path(model).resolve())} if model and Path(model).exists() else {}
+    return cfg.override(retrieval=changes, generator=generator) if changes or generator else cfg

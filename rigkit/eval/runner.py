@@ -222,8 +222,9 @@ def locked_folder(folder: Path) -> Iterator[None]:
         yield
 
 
-def _answer_row(system: System, item: QAItem, run: int, seed: int,
-                faithfulness: FaithfulnessScorer | None) -> tuple[dict[str, Any], RIGResult | None]:
+def answer_row(system: System, item: QAItem, run: int, seed: int,
+               faithfulness: FaithfulnessScorer | None) -> tuple[dict[str, Any], RIGResult | None]:
+    """One answer as its results row (scores, cost, or the error) and its result (None on error)."""
     row: dict[str, Any] = {
         "id": item.id, "type": item.type, "dataset": item.dataset, "system": system.name,
         "run": run, "seed": seed, "layout": system.config.context.layout,
@@ -261,12 +262,15 @@ def _progress(total: int, initial: int, enabled: bool):
 def run_eval(items: Sequence[QAItem], systems: Sequence[System], out_dir: str | Path,
              runs: int = 1, base_seed: int = 0, faithfulness: FaithfulnessScorer | None = None,
              traces: bool = True, progress: bool = True, concurrency: int = 1,
-             worker_systems: Callable[[], Sequence[System]] | None = None) -> RunSummary:
+             worker_systems: Callable[[], Sequence[System]] | None = None,
+             remote: Any = None) -> RunSummary:
     """Answer every (run, question, system) not yet in `out_dir/results.jsonl`.
 
     Order is run-major, then question, then system, so a partial evaluation still compares all
     systems on the same questions. With `concurrency` > 1, `worker_systems()` builds each extra
     worker's own systems (same names, own generator state); answers finish in any order.
+    `remote` (e.g. `rigkit.eval.distributed.RayWorkers`) answers elsewhere instead: its
+    `answers(todo, base_seed)` yields (row, result) pairs and `systems` need only their names.
     """
     if concurrency < 1:
         raise InputError("--concurrency must be at least 1")
@@ -288,7 +292,9 @@ def run_eval(items: Sequence[QAItem], systems: Sequence[System], out_dir: str | 
         summary = RunSummary(results.path, len(plan), len(plan) - len(todo), 0, 0)
         writer = _Writer(results, trace_file if traces else None, summary)
         with _progress(len(plan), summary.skipped, progress) as bar:
-            for row, result in _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
+            answers = (remote.answers(todo, base_seed) if remote is not None
+                       else _answers(todo, base_seed, faithfulness, concurrency, worker_systems))
+            for row, result in answers:
                 bar.set_postfix_str(f"run {row['run']} {row['system']}", refresh=False)
                 writer.write(row, result)
                 bar.update(1)
@@ -321,7 +327,7 @@ def _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
     """(row, result) per planned answer: in plan order in-process, in finishing order with workers."""
     if concurrency == 1:
         for run, item, system in todo:
-            yield _answer_row(system, item, run, base_seed + run, faithfulness)
+            yield answer_row(system, item, run, base_seed + run, faithfulness)
         return
     import queue
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -335,7 +341,7 @@ def _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
         own = pool.get()
         try:
             chosen = system if own is None else own[system.name]
-            return _answer_row(chosen, item, run, base_seed + run, faithfulness)
+            return answer_row(chosen, item, run, base_seed + run, faithfulness)
         finally:
             pool.put(own)
 

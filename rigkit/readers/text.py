@@ -13,7 +13,7 @@ from rigkit.corpus import HEADING, Document, check_doc_id, split_contents
 from rigkit.errors import CorpusError
 from rigkit.files import jsonl_objects
 
-__all__ = ["read_text", "read_markdown", "read_jsonl", "decode_text"]
+__all__ = ["read_text", "read_markdown", "read_jsonl", "jsonl_document", "decode_text"]
 
 
 def decode_text(data: bytes, name: str) -> str:
@@ -46,24 +46,30 @@ def read_jsonl(data: bytes, name: str, path: Path | None = None) -> list[Documen
     docs: list[Document] = []
     seen: dict[str, int] = {}
     for lineno, obj in jsonl_objects(data.decode("utf-8"), where):
-        title, text = obj.get("title") or "", obj.get("text")
-        if text is None and isinstance(obj.get("contents"), str):
-            title, text = split_contents(obj["contents"])
-            title = obj.get("title") or title
-        if not isinstance(text, str) or not text.strip():
-            raise CorpusError(f"{where}, line {lineno}: missing or empty 'text'")
-        doc_id = str(obj["id"]) if obj.get("id") not in (None, "") else f"{where.stem}-{lineno}"
-        problem = check_doc_id(doc_id)
-        if problem:
-            raise CorpusError(f"{where}, line {lineno}: document id {doc_id!r} {problem}")
-        if doc_id in seen:
+        doc = jsonl_document(obj, where, lineno)
+        if doc.id in seen:
             raise CorpusError(
-                f"{where}, line {lineno}: duplicate id {doc_id!r} (first on line {seen[doc_id]})"
+                f"{where}, line {lineno}: duplicate id {doc.id!r} (first on line {seen[doc.id]})"
             )
-        seen[doc_id] = lineno
-        meta = {k: v for k, v in obj.items() if k not in ("id", "title", "text", "contents")}
-        markdown = meta.get("format") == "markdown"
-        docs.append(Document(id=doc_id, title=str(title), text=text, metadata=meta, markdown=markdown))
+        seen[doc.id] = lineno
+        docs.append(doc)
     if not docs:
         raise CorpusError(f"{where}: no documents")
     return docs
+
+
+def jsonl_document(obj: dict, where: Path, lineno: int) -> Document:
+    """The document of one JSONL line's object; a missing text or a bad id names file and line."""
+    title, text = obj.get("title") or "", obj.get("text")
+    if text is None and isinstance(obj.get("contents"), str):
+        title, text = split_contents(obj["contents"])
+        title = obj.get("title") or title
+    if not isinstance(text, str) or not text.strip():
+        raise CorpusError(f"{where}, line {lineno}: missing or empty 'text'")
+    doc_id = str(obj["id"]) if obj.get("id") not in (None, "") else f"{where.stem}-{lineno}"
+    problem = check_doc_id(doc_id)
+    if problem:
+        raise CorpusError(f"{where}, line {lineno}: document id {doc_id!r} {problem}")
+    meta = {k: v for k, v in obj.items() if k not in ("id", "title", "text", "contents")}
+    markdown = meta.get("format") == "markdown"
+    return Document(id=doc_id, title=str(title), text=text, metadata=meta, markdown=markdown)

@@ -16,6 +16,8 @@ A search with metadata filters (`rigkit.retrieval.filters`) is exact whatever th
 scores every chunk from the stored vectors (one matrix-vector product, the cost of a flat search)
 and ranks the chunks that pass, so `top_k` stays full where a filtered approximate search (faiss's
 `IDSelector` on HNSW or IVF) could come back short.
+The query side (`EmbedsQueries`: model, precision, query cache) is shared with the retriever whose
+vectors live in Milvus (`rigkit.retrieval.milvus`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from rigkit.retrieval.ranking import Scored, hits_from_scored, top_indices
 from rigkit.trace import Hit
 
 __all__ = ["DENSE_INDEXES", "PRECISIONS", "build_faiss_index", "embed_texts", "embedding_precision",
-           "DenseRetriever"]
+           "ivf_cells", "ivf_probes", "EmbedsQueries", "DenseRetriever"]
 
 DENSE_INDEXES = ("flat", "hnsw", "ivf")
 HNSW_M = 32  # graph degree; faiss's usual default for ~100k vectors
@@ -117,6 +119,17 @@ def _autocast(precision: str):
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
+def ivf_cells(n: int) -> int:
+    """Inverted-list cells for `n` vectors: ~4 sqrt(n), but at least 39 training points per cell
+    (faiss's own floor)."""
+    return max(1, min(int(4 * math.sqrt(n)), n // 39))
+
+
+def ivf_probes(nlist: int) -> int:
+    """Cells an IVF search visits."""
+    return max(1, math.ceil(nlist * IVF_PROBE_SHARE))
+
+
 def build_faiss_index(vectors: np.ndarray, kind: str = "flat"):
     """A faiss inner-product index over `vectors` (n, dim)."""
     import faiss
@@ -130,16 +143,55 @@ def build_faiss_index(vectors: np.ndarray, kind: str = "flat"):
         index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efSearch = HNSW_EF_SEARCH
     else:
-        # ~4 sqrt(n) cells, but at least 39 training points per cell (faiss's own floor).
-        nlist = max(1, min(int(4 * math.sqrt(n)), n // 39))
+        nlist = ivf_cells(n)
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
         index.train(vectors)
-        index.nprobe = max(1, math.ceil(nlist * IVF_PROBE_SHARE))
+        index.nprobe = ivf_probes(nlist)
     index.add(vectors)
     return index
 
 
-class DenseRetriever(MasksOwnChunks):
+class EmbedsQueries:
+    """The query side of a dense retriever, whatever holds its vectors: the index's embedding model
+    (loaded at the first query), the precision its chunks were embedded in, recent query vectors."""
+
+    embedding_model: str
+    precision: str
+
+    def __init__(self, embedding_model: str, embedder=None, precision: str = "auto"):
+        self.embedding_model = embedding_model
+        self.precision = precision  # the chunks' precision: queries are embedded the same way
+        self._embedder = embedder
+        self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    @property
+    def embedder(self):
+        if self._embedder is None:  # loaded on first query, so Index.load stays fast
+            from rigkit.embeddings import load_embedder
+
+            self._embedder = load_embedder(self.embedding_model)
+        return self._embedder
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """(n, dim) unit vectors of `queries`, embedded as the chunks were (role and precision)."""
+        return embed_texts(self.embedder, queries, role="query", precision=self.precision)
+
+    def encode(self, query: str) -> np.ndarray:
+        """The query's unit vector; the last `QUERY_CACHE_SIZE` queries are served from memory
+        (embedding is most of a dense search's time, see bench/retrieval.py)."""
+        vector = self._query_vectors.get(query)
+        if vector is None:
+            vector = self.embed_queries([query])[0]
+            vector.setflags(write=False)  # shared by every caller that asks for this query
+            self._query_vectors[query] = vector
+            if len(self._query_vectors) > QUERY_CACHE_SIZE:
+                self._query_vectors.popitem(last=False)
+        else:
+            self._query_vectors.move_to_end(query)
+        return vector
+
+
+class DenseRetriever(EmbedsQueries, MasksOwnChunks):
     """Semantic retriever: embeds the query, searches faiss, returns the nearest chunks."""
 
     name = "dense"
@@ -150,11 +202,8 @@ class DenseRetriever(MasksOwnChunks):
             raise InputError(f"faiss index holds {index.ntotal} vectors for {len(chunks)} chunks")
         self.chunks = chunks
         self.index = index
-        self.embedding_model = embedding_model
-        self.precision = precision  # the chunks' precision: queries are embedded the same way
-        self._embedder = embedder
+        super().__init__(embedding_model, embedder, precision)
         self._vectors: np.ndarray | None = None
-        self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @classmethod
     def build(
@@ -174,12 +223,8 @@ class DenseRetriever(MasksOwnChunks):
         return cls(chunks, build_faiss_index(vectors, kind), embedding_model, embedder, precision)
 
     @property
-    def embedder(self):
-        if self._embedder is None:  # loaded on first query, so Index.load stays fast
-            from rigkit.embeddings import load_embedder
-
-            self._embedder = load_embedder(self.embedding_model)
-        return self._embedder
+    def n_vectors(self) -> int:
+        return self.index.ntotal
 
     def save(self, path: str | Path) -> None:
         import faiss
@@ -191,24 +236,6 @@ class DenseRetriever(MasksOwnChunks):
         import faiss
 
         return faiss.read_index(str(path))
-
-    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
-        """(n, dim) unit vectors of `queries`, embedded as the chunks were (role and precision)."""
-        return embed_texts(self.embedder, queries, role="query", precision=self.precision)
-
-    def encode(self, query: str) -> np.ndarray:
-        """The query's unit vector; the last `QUERY_CACHE_SIZE` queries are served from memory
-        (embedding is most of a dense search's time, see bench/retrieval.py)."""
-        vector = self._query_vectors.get(query)
-        if vector is None:
-            vector = self.embed_queries([query])[0]
-            vector.setflags(write=False)  # shared by every caller that asks for this query
-            self._query_vectors[query] = vector
-            if len(self._query_vectors) > QUERY_CACHE_SIZE:
-                self._query_vectors.popitem(last=False)
-        else:
-            self._query_vectors.move_to_end(query)
-        return vector
 
     def _all_scores(self, vector: np.ndarray) -> np.ndarray:
         if self._vectors is None:

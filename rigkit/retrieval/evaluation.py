@@ -78,9 +78,14 @@ def evaluate_retrieval(
         raise InputError(f"mode {multi[0]} needs sub-queries (--multi-query N)")
     rerank_seconds = multi_seconds = multi_rerank_seconds = 0.0
     multi_queries = 0
-    hybrid = index.retriever("hybrid", bm25_backend=bm25_backend)
-    bm25, dense = hybrid.retrievers["bm25"], hybrid.retrievers["dense"]
-    depth = max(max(ks) * 2, *hybrid.top_ks.values())
+    if set(modes) == {"dense"}:  # needs no BM25 (an attached faiss index has none)
+        hybrid, bm25, dense = None, None, index.dense()
+        depth = max(max(ks) * 2, RetrievalConfig.dense_top_k)  # the hybrid's dense depth, as below
+    else:
+        index.bm25(bm25_backend)  # an index without BM25 says so here
+        hybrid = index.retriever("hybrid", bm25_backend=bm25_backend)
+        bm25, dense = hybrid.retrievers["bm25"], hybrid.retrievers["dense"]
+        depth = max(max(ks) * 2, *hybrid.top_ks.values())
     vectors = (
         dense.embed_queries([r["question"] for r in rows])
         if {"dense", "hybrid", RERANKED_MODE, *multi} & set(modes)

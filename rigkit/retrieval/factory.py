@@ -4,6 +4,8 @@
 - `config.corpus` set: an implicit index, cached under the user cache folder and keyed by the
   corpus bytes and every build parameter, so an edited corpus or a new chunk size rebuilds it.
 - neither: the same, for the demo corpus shipped in the source tree (`data/demo/corpus.jsonl`).
+An index whose vectors live in Milvus (`retrieval.dense_backend: milvus`) is always an explicit
+one, built by `rigkit index build --backend milvus`.
 The cache folder is `platformdirs.user_cache_dir("rigkit")/indexes` (or `$RIGKIT_CACHE_DIR`).
 """
 
@@ -67,10 +69,11 @@ def open_index(config: RetrievalConfig) -> Index:
         # Fields left at their defaults defer to the index; fields the user set must match it.
         expected = {
             name: getattr(config, name)
-            for name in ("bm25_method", "k1", "b", "dense_index")
+            for name in ("bm25_method", "k1", "b", "dense_index", "dense_backend")
             if getattr(config, name) != getattr(_DEFAULTS, name)
         }
-        index = Index.load(config.index)
+        index = Index.load(config.index, milvus_uri=config.milvus_uri,
+                           milvus_token_env=config.milvus_token_env)
         check_manifest(
             index.manifest,
             Path(config.index),
@@ -79,6 +82,10 @@ def open_index(config: RetrievalConfig) -> Index:
             **expected,
         )
         return index
+    if config.dense_backend != "faiss":  # a collection on a server is made on purpose, not cached
+        raise InputError(f"retrieval.dense_backend {config.dense_backend!r} needs a built index: "
+                         f"`rigkit index build --corpus CORPUS --out DIR --backend {config.dense_backend}`, "
+                         "then --index DIR (retrieval.index)")
     corpus = Path(config.corpus) if config.corpus is not None else demo_corpus_path()
     if not corpus.exists():
         raise CorpusError(f"{corpus}: corpus not found")

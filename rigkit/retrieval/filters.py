@@ -42,6 +42,7 @@ __all__ = [
     "check_accepts",
     "search_filtered",
     "FilteredRetriever",
+    "compared_as",
     "FORMS",
 ]
 
@@ -238,6 +239,19 @@ def _equal(have: Any, want: Any) -> bool:
     return str(have) == str(want)
 
 
+def compared_as(value: Any) -> str:
+    """How a filter compares `value` (stored or asked for): "bool" (a boolean, or text reading
+    true/false), "number" or "date" (text that reads as one too), "list", "text", or "other"."""
+    if isinstance(value, bool) or (isinstance(value, str) and _truth(value) is not None):
+        return "bool"
+    if isinstance(value, list | tuple):
+        return "list"
+    found = _ordered(value)
+    if found is not None:
+        return found[0]
+    return "text" if isinstance(value, str) else "other"
+
+
 def _truth(value: Any) -> bool | None:
     if isinstance(value, bool):
         return value
@@ -424,11 +438,15 @@ class MasksOwnChunks:
     chunks: Sequence[Any]
     _chunk_filter: ChunkFilter | None = None
 
-    def filter_mask(self, filters: Filters) -> np.ndarray:
-        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
+    @property
+    def chunk_filter(self) -> ChunkFilter:
         if self._chunk_filter is None:
             self._chunk_filter = ChunkFilter(self.chunks)
-        return self._chunk_filter.mask(filters)
+        return self._chunk_filter
+
+    def filter_mask(self, filters: Filters) -> np.ndarray:
+        """(n_chunks,) bool: the chunks passing `filters` (cached per filter)."""
+        return self.chunk_filter.mask(filters)
 
 
 class FilteredRetriever:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.retrieval.base import Retriever, ScoresChunks
-from rigkit.retrieval.dense import DenseRetriever
+from rigkit.retrieval.dense import EmbedsQueries
 from rigkit.retrieval.filters import FilterError, accepts_filters, parse_filters, search_filtered
 from rigkit.retrieval.ranking import Scored, collapse_hits, make_hit
 from rigkit.trace import Hit
@@ -117,9 +117,10 @@ class HybridRetriever:
             return scored.rank_and_score(where[cid]) if cid in where else None
 
         def hit(cid: str) -> Hit | None:
-            if cid not in where:
+            found = scored.rank_and_score(where[cid]) if cid in where else None
+            if found is None:
                 return None
-            rank, score = scored.rank_and_score(where[cid])
+            rank, score = found
             return make_hit(chunks[where[cid]], score, {name: rank}, {name: score})
 
         return _Ranked([chunks[i].chunk_id for i, _ in scored.ranked], hit, rank_and_score,
@@ -140,7 +141,7 @@ class HybridRetriever:
         """`search` for each query; dense members embed all the queries in one batch."""
         filters = parse_filters(filters)
         vectors = {name: r.embed_queries(list(queries)) for name, r in self.retrievers.items()
-                   if isinstance(r, DenseRetriever)}
+                   if isinstance(r, EmbedsQueries)}
         answers = []
         for i, query in enumerate(queries):
             answers.append({

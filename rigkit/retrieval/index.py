@@ -2,10 +2,12 @@
 
 Layout of an index folder:
     manifest.json   embedding model (canonical name), dimension, chunk parameters, corpus hash,
-                    BM25 variant, dense index kind, rigkit version, build timings
+                    BM25 variant, dense index kind and backend, rigkit version, build timings
     chunks.jsonl    the chunks both indexes were built from (chunk i = row i = vector i)
     bm25/           bm25s's sparse score matrix and vocabulary
-    dense.faiss     the faiss index
+    dense.faiss     the faiss index (`dense_backend: faiss`, the default)
+With `dense_backend: milvus` the vectors live in a Milvus collection instead, which the manifest
+names (`rigkit.retrieval.milvus`); the folder keeps everything else.
 The build happens in a temporary sibling folder that is swapped into place atomically at the end
 (`rigkit.retrieval.storage`): a kill at any step leaves the old index or the new one at the path.
 The manifest lists every file's size and SHA-256; loading checks sizes always and hashes on the
@@ -29,12 +31,26 @@ import numpy as np
 
 from rigkit.config import RetrievalConfig
 from rigkit.corpus import Chunk, chunk_documents, corpus_fingerprint, read_chunks, write_chunks
-from rigkit.errors import IndexCorruptError, IndexMismatchError, InputError
+from rigkit.errors import IndexCorruptError, IndexMismatchError, InputError, RigkitError
 from rigkit.files import fault_point
 from rigkit.readers import FileRead, read_files
 from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
-from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts, embedding_precision
+from rigkit.retrieval.dense import (
+    DenseRetriever,
+    build_faiss_index,
+    embed_texts,
+    embedding_precision,
+)
 from rigkit.retrieval.hybrid import HybridRetriever
+from rigkit.retrieval.milvus import (
+    MilvusRetriever,
+    MilvusTarget,
+    check_target,
+    drop_collection,
+    open_collection,
+    publish_collection,
+    write_collection,
+)
 from rigkit.retrieval.reuse import BuildReport, PreviousIndex, previous_index
 from rigkit.retrieval.storage import atomic_dir, file_table, rebuild_hint, recover, verify_files
 from rigkit.retrieval.tokenize import (
@@ -44,11 +60,12 @@ from rigkit.retrieval.tokenize import (
     user_dict_record,
 )
 
-__all__ = ["FORMAT_VERSION", "MODES", "Index", "resolve_chunk_size"]
+__all__ = ["FORMAT_VERSION", "MODES", "DENSE_BACKENDS", "Index", "resolve_chunk_size"]
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2  # 2: the manifest lists every file's size and SHA-256
 MODES = ("bm25", "dense", "hybrid")
+DENSE_BACKENDS = ("faiss", "milvus")
 
 
 def resolve_chunk_size(embedding_model: str, chunk_size: int | None) -> int:
@@ -76,10 +93,16 @@ class Index:
     _embedder: Any = None  # None: the manifest's model, loaded at the first dense query
     _retrievers: dict[str, Any] = field(default_factory=dict)
     report: BuildReport | None = None  # what `build` reused, embedded, dropped and skipped
+    milvus_uri: str | None = None  # milvus backend: the server, where not the URI the index recorded
+    milvus_token_env: str | None = None  # milvus backend: the variable holding its token
 
     @property
     def embedding_model(self) -> str:
         return self.manifest["embedding_model"]
+
+    @property
+    def dense_backend(self) -> str:
+        return self.manifest["dense"].get("backend", "faiss")  # indexes from before backends: faiss
 
     # ------------------------------------------------------------ build
 
@@ -102,6 +125,8 @@ class Index:
         embedder: Any = None,
         overwrite: bool = True,
         reuse: bool = True,
+        dense_backend: str = RetrievalConfig.dense_backend,
+        milvus: MilvusTarget | None = None,
     ) -> Index:
         """Chunk `corpus`, build both indexes from the one chunk list, write them to `out`.
 
@@ -110,11 +135,21 @@ class Index:
         `overwrite=False` keeps an index that appeared at `out` while this one was building (the
         implicit cache: two processes building the same key both end with a valid index).
         A folder's unreadable files are skipped, one warning each (`report.skipped`). `reuse`: keep the vectors of files unchanged since
-        the index already at `out` was built (`rigkit.retrieval.reuse`)."""
-        from rigkit.embeddings import choose_embedding_model, load_embedder, load_tokenizer
+        the index already at `out` was built (`rigkit.retrieval.reuse`), whichever backend held them.
+        `dense_backend="milvus"` writes the vectors to the Milvus collection `milvus` describes."""
+        from rigkit.embeddings import (
+            canonical_model_name,
+            choose_embedding_model,
+            load_embedder,
+            load_tokenizer,
+        )
 
+        if dense_backend not in DENSE_BACKENDS:
+            raise InputError(f"unknown dense backend {dense_backend!r}; choose from {DENSE_BACKENDS}")
         out = Path(out)
         _check_target(out)
+        if dense_backend == "milvus":  # an unreachable server fails the build before embedding
+            check_target(milvus or MilvusTarget(), out)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         # raises on a malformed single-file corpus before anything is written
@@ -150,8 +185,14 @@ class Index:
         )
         timings["bm25_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        faiss_index = build_faiss_index(vectors, dense_index)
-        timings["faiss_s"] = time.perf_counter() - t
+        faiss_index = record = None
+        if dense_backend == "faiss":
+            faiss_index = build_faiss_index(vectors, dense_index)
+            timings["faiss_s"] = time.perf_counter() - t
+        else:
+            record = write_collection(milvus or MilvusTarget(), out, chunks, vectors,
+                                      canonical_model_name(embedding_model), dense_index)
+            timings["milvus_s"] = time.perf_counter() - t
 
         manifest = _manifest(
             embedding_model,
@@ -165,31 +206,50 @@ class Index:
             timings,
         )
         manifest["dense"]["precision"] = precision
+        manifest["dense"]["backend"] = dense_backend
+        if record is not None:
+            manifest["dense"]["milvus"] = record
         manifest["sources"] = sources
         manifest["skipped"] = report.skipped
         manifest["update"] = report.counts()
-        with atomic_dir(out, overwrite) as tmp:
-            write_chunks(tmp / "chunks.jsonl", chunks)
-            bm25.save(tmp / "bm25")
-            DenseRetriever(chunks, faiss_index, embedding_model).save(tmp / "dense.faiss")
-            fault_point("index:files-written")
-            manifest["files"] = file_table(tmp)  # written last: a manifest means a whole index
-            (tmp / "manifest.json").write_text(
-                json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
-            )
+        before = _milvus_record(out)  # the collection the index at `out` names, if any
+        try:
+            with atomic_dir(out, overwrite) as tmp:
+                write_chunks(tmp / "chunks.jsonl", chunks)
+                bm25.save(tmp / "bm25")
+                if faiss_index is not None:
+                    DenseRetriever(chunks, faiss_index, embedding_model).save(tmp / "dense.faiss")
+                fault_point("index:files-written")
+                manifest["files"] = file_table(tmp)  # written last: a manifest means a whole index
+                (tmp / "manifest.json").write_text(
+                    json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
+                )
+        except BaseException:
+            if record is not None:  # the old index, and the collection it names, stay
+                drop_collection(record)
+            raise
+        _settle_collections(out, record, before)
+        target = milvus or MilvusTarget()
         return cls(out, manifest, chunks, _bm25=bm25, _faiss=faiss_index, _embedder=embedder,
-                   report=report)
+                   report=report, milvus_token_env=target.token_env)
 
     # ------------------------------------------------------------ load
 
     @classmethod
     def load(
-        cls, path: str | Path, embedding_model: str | None = None, embedder: Any = None
+        cls, path: str | Path, embedding_model: str | None = None, embedder: Any = None,
+        milvus_uri: str | None = None, milvus_token_env: str | None = None,
     ) -> Index:
-        """Open a saved index; `embedding_model` (if given) must match the one it was built with."""
+        """Open a saved index; `embedding_model` (if given) must match the one it was built with.
+        A Milvus-backed index connects at its first dense search, to `milvus_uri` if given, else
+        to the URI it recorded."""
         path = Path(path)
         recover(path)
         manifest = read_manifest(path)
+        if manifest.get("kind") == "attached":  # a prebuilt faiss index and its corpus, in place
+            from rigkit.retrieval.attach import AttachedIndex
+
+            return AttachedIndex.open(path, manifest, embedding_model, embedder)
         if embedding_model is not None:
             check_manifest(manifest, path, embedding_model=embedding_model)
         verify_files(path, manifest)
@@ -201,15 +261,23 @@ class Index:
         if len(chunks) != manifest.get("chunks"):
             raise IndexCorruptError(f"{path / 'chunks.jsonl'} holds {len(chunks)} chunks, the "
                                     f"manifest {manifest.get('chunks')}; {rebuild_hint(path, manifest)}")
-        return cls(path, manifest, chunks, _embedder=embedder)
+        return cls(path, manifest, chunks, _embedder=embedder, milvus_uri=milvus_uri,
+                   milvus_token_env=milvus_token_env)
 
     def verify(self) -> None:
         """Hash every file against the manifest and check the parts agree (`rigkit index verify`)."""
         verify_files(self.path, self.manifest, full=True)
-        n_vectors = self.dense().index.ntotal
+        dense = self.dense()
+        where = self.path / "dense.faiss" if self.dense_backend == "faiss" else (
+            f"the Milvus collection {self.manifest['dense']['milvus']['collection']}")
+        n_vectors = dense.n_vectors
         if n_vectors != len(self.chunks):
-            raise IndexCorruptError(f"{self.path / 'dense.faiss'} holds {n_vectors} vectors for "
+            raise IndexCorruptError(f"{where} holds {n_vectors} vectors for "
                                     f"{len(self.chunks)} chunks; {rebuild_hint(self.path, self.manifest)}")
+        if self.dense_backend == "milvus" and dense.collection.chunk_ids(n_vectors) != [
+                c.chunk_id for c in self.chunks]:
+            raise IndexCorruptError(f"{where} holds other chunks than {self.path / 'chunks.jsonl'}, or "
+                                    f"in another order; {rebuild_hint(self.path, self.manifest)}")
         self.bm25()
 
     # ------------------------------------------------------------ retrievers
@@ -233,7 +301,9 @@ class Index:
             self._retrievers[key] = retriever
         return self._retrievers[key]
 
-    def dense(self) -> DenseRetriever:
+    def dense(self) -> DenseRetriever | MilvusRetriever:
+        if "dense" not in self._retrievers and self.dense_backend == "milvus":
+            self._retrievers["dense"] = self._milvus()
         if "dense" not in self._retrievers:
             faiss_index = self._faiss or _read_part(
                 self, "dense.faiss", lambda: DenseRetriever.read_index(self.path / "dense.faiss"))
@@ -243,6 +313,14 @@ class Index:
                 self.chunks, faiss_index, self.embedding_model, self._embedder, precision
             )
         return self._retrievers["dense"]
+
+    def _milvus(self) -> MilvusRetriever:
+        """The dense retriever over the collection the manifest names (connects and checks it)."""
+        dense = self.manifest["dense"]
+        collection = open_collection(self.manifest, self.path, self.milvus_uri, self.milvus_token_env,
+                                     rebuild_hint(self.path, self.manifest))
+        return MilvusRetriever(self.chunks, collection, self.embedding_model, self._embedder,
+                               dense.get("precision", "float32"), dense["milvus"].get("search_params"))
 
     def retriever(
         self,
@@ -302,6 +380,26 @@ def _assemble(
     return chunks, np.concatenate(parts).astype(np.float32, copy=False), sources, report
 
 
+def _milvus_record(out: Path) -> dict[str, Any] | None:
+    """The Milvus collection record of the index at `out`, if it has one."""
+    try:
+        return read_manifest(out)["dense"].get("milvus") if (out / "manifest.json").exists() else None
+    except (RigkitError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _settle_collections(out: Path, record: dict[str, Any] | None, before: dict[str, Any] | None) -> None:
+    """After the swap: the alias to the new collection, the collection no index names dropped.
+    With `overwrite=False` another build's index may have stayed at `out`: then ours goes."""
+    now = _milvus_record(out)
+    if record is not None and (now or {}).get("collection") != record["collection"]:
+        drop_collection(record)
+    elif record is not None:
+        publish_collection(record, before)
+    elif before is not None and now is None:  # a faiss index replaced a Milvus-backed one
+        drop_collection(before)
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest of the index at `path`, checked for format and BM25 tokenizer version."""
     manifest_file = path / "manifest.json"
@@ -322,7 +420,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"{FORMAT_VERSION}; {rebuild_hint(path, manifest)}"
         )
     tokens = (manifest.get("bm25") or {}).get("tokenizer")
-    if tokens != TOKENIZER_VERSION:
+    if tokens != TOKENIZER_VERSION and manifest.get("kind") != "attached":  # attached: no BM25
         raise IndexMismatchError(
             f"{path}: BM25 tokens were made by {tokens!r}, this rigkit makes {TOKENIZER_VERSION!r}; "
             f"{rebuild_hint(path, manifest)}"
@@ -362,7 +460,7 @@ def _manifest(
         "corpus": corpus,
         "chunks": n_chunks,
         "bm25": {**bm25, "tokenizer": TOKENIZER_VERSION, **user_dict_record()},
-        "dense": {"index": dense_index, "normalized": True, "metric": "inner_product"},
+        "dense": {"index": dense_index, "normalized": True, "metric": "inner_product", "backend": "faiss"},
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
 
@@ -372,16 +470,19 @@ def check_manifest(
 ) -> None:
     """Raise IndexMismatchError if the index was built with other settings than `expected`.
 
-    `expected` keys: chunk_size, bm25_method, k1, b, dense_index (None = accept the index's)."""
+    `expected` keys: chunk_size, bm25_method, k1, b, dense_index, dense_backend (None = accept the
+    index's)."""
     from rigkit.embeddings import canonical_model_name
 
+    chunking, bm25 = manifest.get("chunking") or {}, manifest.get("bm25") or {}  # attached: neither
     built = {
         "embedding_model": manifest["embedding_model"],
-        "chunk_size": manifest["chunking"]["chunk_size"],
-        "bm25_method": manifest["bm25"]["method"],
-        "k1": manifest["bm25"]["k1"],
-        "b": manifest["bm25"]["b"],
+        "chunk_size": chunking.get("chunk_size"),
+        "bm25_method": bm25.get("method"),
+        "k1": bm25.get("k1"),
+        "b": bm25.get("b"),
         "dense_index": manifest["dense"]["index"],
+        "dense_backend": manifest["dense"].get("backend", "faiss"),
     }
     asked = dict(expected)
     if embedding_model is not None and canonical_model_name(embedding_model) != "auto":

@@ -61,14 +61,15 @@ class Scored:
     full: np.ndarray | None = None  # (n_chunks,) every chunk's score, when cheap to have
     _lazy_full: object = field(default=None, repr=False)  # callable computing `full` on demand
 
-    def rank_and_score(self, index: int) -> tuple[int, float]:
+    def rank_and_score(self, index: int) -> tuple[int, float] | None:
+        """(rank, score) of chunk `index`; None where the retriever scored only its list (Milvus)."""
         for rank, (i, score) in enumerate(self.ranked, start=1):
             if i == index:
                 return rank, score
         if self.full is None and self._lazy_full is not None:
             self.full = self._lazy_full()
         if self.full is None:
-            raise ValueError(f"{self.name}: no score for chunk {index}")
+            return None
         return rank_of(self.full, index), float(self.full[index])
 
 

@@ -206,11 +206,11 @@ class RerankedRetriever:
 def embedder_of(retriever: Retriever) -> Callable[[list[str]], Any] | None:
     """`texts -> unit vectors` with the dense model `retriever` already holds (itself or a hybrid
     member), or None: deduplication then falls back to word fingerprints."""
-    from rigkit.retrieval.dense import DenseRetriever, embed_texts
+    from rigkit.retrieval.dense import EmbedsQueries, embed_texts
 
     members = getattr(retriever, "retrievers", {"self": retriever})
     for member in members.values():
-        if isinstance(member, DenseRetriever):  # its model loads on first use, not here
+        if isinstance(member, EmbedsQueries):  # its model loads on first use, not here
             return lambda texts, m=member: embed_texts(m.embedder, texts)
     return None
 

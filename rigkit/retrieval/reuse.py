@@ -3,10 +3,11 @@
 The manifest lists every corpus file with the SHA-256 of its bytes and the run of chunks it
 produced (`sources`). Rebuilding into the same folder with the same embedding model and chunk
 parameters keeps the chunks and vectors of every file whose bytes are unchanged (read back from
-the old `chunks.jsonl` and faiss index), embeds only new and changed files, and leaves out
-deleted ones; BM25 and the faiss index are rebuilt from the whole chunk list, since corpus
-statistics change with any file. Another model, other chunk parameters, an older index format or
-a damaged index: everything is embedded again, and the log says why.
+the old `chunks.jsonl` and faiss index or Milvus collection: a rebuild with the other dense
+backend moves the vectors without embedding them again), embeds only new and changed files, and
+leaves out deleted ones; BM25 and the dense index are rebuilt from the whole chunk list, since
+corpus statistics change with any file. Another model, other chunk parameters, an older index
+format or a damaged index: everything is embedded again, and the log says why.
 """
 
 from __future__ import annotations
@@ -100,10 +101,9 @@ def previous_index(out: Path, embedding_model: str, chunking: dict[str, Any]) ->
             return None
         verify_files(out, manifest, full=True)
         from rigkit.corpus import read_chunks
-        from rigkit.retrieval.dense import DenseRetriever
 
         chunks = read_chunks(out / "chunks.jsonl")
-        vectors = _stored_vectors(DenseRetriever.read_index(out / "dense.faiss"))
+        vectors = _stored_vectors(out, manifest)
         if len(chunks) != len(vectors) or len(chunks) != manifest.get("chunks"):
             raise ValueError("chunk and vector counts differ")
     except (RigkitError, OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
@@ -122,7 +122,18 @@ def _incompatible(manifest: dict[str, Any], model: str, chunking: dict[str, Any]
     return None
 
 
-def _stored_vectors(index) -> np.ndarray:
+def _stored_vectors(out: Path, manifest: dict[str, Any]) -> np.ndarray:
+    """(n, dim) vectors of the index at `out`: its faiss file, or its Milvus collection."""
+    if manifest["dense"].get("backend", "faiss") == "milvus":
+        from rigkit.retrieval.milvus import open_collection
+
+        return open_collection(manifest, out).vectors(manifest["chunks"])
+    from rigkit.retrieval.dense import DenseRetriever
+
+    return _faiss_vectors(DenseRetriever.read_index(out / "dense.faiss"))
+
+
+def _faiss_vectors(index) -> np.ndarray:
     """(n, dim) vectors held by a faiss flat, HNSW or IVF index."""
     import faiss
 

@@ -83,8 +83,14 @@ def verify_files(folder: Path, manifest: dict[str, Any], full: bool | None = Non
 
 
 def rebuild_hint(folder: Path, manifest: dict[str, Any]) -> str:
+    if manifest.get("kind") == "attached":  # it references a faiss file and a corpus: attach again
+        from rigkit.retrieval.attach import reattach_hint
+
+        return reattach_hint(folder, manifest)
     corpus = (manifest.get("corpus") or {}).get("name", "CORPUS")
-    return f"rebuild with `rigkit index build --corpus {corpus} --out {folder}`"
+    milvus = (manifest.get("dense") or {}).get("milvus")
+    backend = f" --backend milvus --milvus-uri {milvus.get('uri')}" if isinstance(milvus, dict) else ""
+    return f"rebuild with `rigkit index build --corpus {corpus} --out {folder}{backend}`"
 
 
 def _exchange(a: Path, b: Path) -> bool:
