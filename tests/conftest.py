@@ -44,6 +44,18 @@ def hang_limit(quiet_seconds: float) -> float:
     return quiet_seconds * SLOW_MACHINE_FACTOR
 
 
+def stop_process(proc, grace: float = 15.0) -> None:
+    """Stop a server the tests started: SIGTERM, then SIGKILL after `grace` seconds."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.5,
                        name: str = "rigkit serve") -> None:
     """Wait for a started server's /health to answer 200; fail with its log if it exits or hangs.

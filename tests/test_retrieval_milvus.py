@@ -22,7 +22,7 @@ from rigkit.retrieval.filters import FilterError
 from rigkit.retrieval.milvus import MilvusError, MilvusTarget
 
 try:
-    from tests.conftest import hang_limit
+    from tests.conftest import hang_limit, stop_process
     from tests.conftest_retrieval import DATA, HashEmbedder, write_jsonl
 except ImportError:
     from conftest import hang_limit
@@ -71,12 +71,7 @@ def milvus(tmp_path_factory):
                 time.sleep(0.3)
         yield uri
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
         assert process.poll() is not None  # no server outlives the module
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until_healthy
+from tests.conftest import stop_process, wait_until_healthy
 from tests.vllm_setup import (
     BLOCK_SIZE,
     INSTALL_COMMAND,
@@ -57,12 +57,7 @@ def _group_members(pgid: int) -> list[int]:
 
 def _stop(process: subprocess.Popen) -> None:
     """SIGTERM (vLLM then stops its engine and worker), SIGKILL after 30 s; no child outlives it."""
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, grace=30)
     deadline = time.monotonic() + 15
     while _group_members(process.pid) and time.monotonic() < deadline:
         time.sleep(0.5)  # the engine and worker finish their own shutdown
