@@ -49,18 +49,26 @@ lab: setup-dev
 # retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.
 BENCH := retrieval cache overhead latency stages startup compression embedding
 
-# The server load test, the DRAGIN attention pass and the device check print their own figures.
+# The server load tests (in-process, then 1 vs 4 clients against vLLM on this CPU) and the eval
+# throughput (in-process vs vLLM) start vLLM from the tests' venv; the DRAGIN attention pass and
+# the device check print their own figures.
 bench: setup-dev
+	$(BIN)/python -m tests.vllm_setup --install
 	for script in $(BENCH); do $(BIN)/python bench/$$script.py || exit 1; done
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/serve.py --vllm --clients 4 --questions 2 --workers 4 --no-first-token
+	$(BIN)/python bench/eval_throughput.py
 	$(BIN)/python bench/attention_cache.py
 	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct
 	$(BIN)/python bench/report.py
 
 # Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's seven.
 bench-quick: setup-dev
+	$(BIN)/python -m tests.vllm_setup --install
 	for script in $(BENCH); do $(BIN)/python bench/$$script.py --quick || exit 1; done
 	$(BIN)/python bench/serve.py --quick
+	$(BIN)/python bench/serve.py --quick --vllm --workers 4 --no-first-token
+	$(BIN)/python bench/eval_throughput.py --quick
 	$(BIN)/python bench/attention_cache.py --trials 1
 	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct --quick
 	$(BIN)/python bench/report.py --quick

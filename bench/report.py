@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("cache", "overhead", "latency", "stages", "retrieval", "startup", "compression")
+PARTS = ("cache", "overhead", "latency", "stages", "retrieval", "startup", "compression", "serve", "serve_vllm",
+         "eval_throughput")
 
 
 def load(folder: Path) -> dict[str, dict[str, Any]]:
@@ -184,9 +185,43 @@ def compression_rows(r: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def serve_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    alone, load, first = r["alone"], r["load"], r.get("first_token")
+    backend = "vLLM on this CPU (prefix cache emptied before each phase)" if r.get("vllm") else "in-process model"
+    rows = []
+    if first:
+        rows.append(("serve, first token", f"streamed `/chat` beside `rigkit ask`'s loop in one process, one "
+                     f"client, {first['questions']} demo questions, both warm, taking turns",
+                     f"p50 {first['chat_p50']:.2f} s vs {first['ask_p50']:.2f} s: **x{first['chat_vs_ask']:.2f}**",
+                     f"<= 1.2x: {goal(first['chat_vs_ask'] <= 1.2)}"))
+    throughput = load["throughput"] / alone["throughput"]
+    rows.append((f"serve, 1 vs {load['clients']} clients", f"`rigkit serve --workers {r['workers']}`, {backend}; "
+                 f"{alone['answers']} vs {load['answers']} answers of {r['max_tokens']} tokens to "
+                 f"{r.get('questions', 'demo')} questions",
+                 f"{alone['throughput'] * 60:.1f} vs {load['throughput'] * 60:.1f} answers/min: "
+                 f"**x{throughput:.2f}**; p50 x{load['p50'] / alone['p50']:.2f}; answers under load identical to "
+                 f"alone {r['answers_identical']} of {r['questions_asked']} questions; nothing lost",
+                 f">= 2.5x: {goal(throughput >= 2.5)}" if r.get("vllm") else ""))
+    return rows
+
+
+def eval_throughput_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for name, row in r["sets"].items():
+        a, b = row["in-process"], row["vllm"]
+        rows.append((f"eval throughput, {name}", f"`rigkit eval --systems {r['systems']}` on the test split "
+                     f"({a['answers']} answers), in-process (one loop) vs vLLM on this CPU "
+                     f"(`--concurrency {r['concurrency']}`)",
+                     f"{a['per_minute']:.1f} vs {b['per_minute']:.1f} questions/min: **x{row['ratio']:.2f}**; "
+                     f"Cover EM {a['cover_em']:.3f} vs {b['cover_em']:.3f}; identical answers "
+                     f"{row['identical']} of {row['answers']}", ""))
+    return rows
+
+
 ROWS = {"cache": cache_rows, "overhead": overhead_rows, "latency": latency_rows,
         "stages": stages_rows, "retrieval": retrieval_rows, "startup": startup_rows,
-        "compression": compression_rows}
+        "compression": compression_rows, "serve": serve_rows, "serve_vllm": serve_rows,
+        "eval_throughput": eval_throughput_rows}
 
 
 def render(found: dict[str, dict[str, Any]]) -> str:

@@ -11,14 +11,21 @@ under load are identical to the same question's answer alone (greedy decoding: a
 Every question must end with exactly one answer: a lost or failed request is an error, not a
 statistic.
 
+Against vLLM (`--vllm` starts one with the tests' flags, or `--set generator.base_url=...`), both
+phases answer the same questions (4 clients x 2 questions = the 8 demo questions once each), and
+with `--vllm` the server's prefix cache is emptied before each phase, so neither phase reads what
+the other put there (vLLM's `/reset_prefix_cache`, on with `VLLM_SERVER_DEV_MODE=1`).
+
 First, time to first token with one client: a streamed `/chat` (the first `token` event) beside
 the loop `rigkit ask` runs, in this process with the same config and model, both warm, taking
 turns question by question (the server idles while the loop runs).
 
     python bench/serve.py            # 16 clients x 3 questions, 24-token answers: the figures in docs/serving.md
     python bench/serve.py --quick    # 4 clients x 2 questions, 8-token answers (~a minute)
+    python bench/serve.py --vllm --clients 4 --questions 2 --workers 4 --no-first-token
+                                     # vLLM on this CPU, started and stopped here (docs/serving.md)
     python bench/serve.py --clients 4 --set generator.backend=openai \
-        --set generator.base_url=http://127.0.0.1:8000/v1 ...   # against a vLLM server (docs/serving.md)
+        --set generator.base_url=http://127.0.0.1:8000/v1 ...   # a vLLM server already running
 """
 
 from __future__ import annotations
@@ -35,11 +42,11 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, save
 
 
 def main() -> int:
@@ -54,32 +61,69 @@ def main() -> int:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a config setting for the server and the in-process loop, as `rigkit --set` takes it")
     p.add_argument("--no-first-token", action="store_true", help="skip the first-token comparison")
+    p.add_argument("--vllm", action="store_true",
+                   help="start vLLM (the tests' venv and flags) for the server's generator, cache emptied per phase")
+    p.add_argument("--dataset", choices=("2wikimultihopqa", "musique"),
+                   help="ask this set's test questions over its corpus instead of the demo's 8")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where the JSON goes (default: bench/results, quick: bench/results/quick)")
     args = p.parse_args()
+    started = time.perf_counter()
     if args.quick:
         args.clients, args.questions, args.max_tokens = 4, 2, 8
     questions = [json.loads(line)["question"] for line in (ROOT / "data/demo/questions.jsonl").open()]
+    if args.dataset:  # its test split over its own corpus, every question once in each phase
+        from common import test_questions
+
+        questions = [item.question for item in test_questions(args.dataset)]
+        args.settings = [f"retrieval.corpus={ROOT / 'data' / args.dataset / 'corpus.jsonl'}", *args.settings]
     # a terminated benchmark must not leave its server running: SIGTERM unwinds like Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with ExitStack() as stack:
+        fresh = None
+        if args.vllm:
+            vllm = stack.enter_context(_vllm())
+            args.settings += ["generator.backend=openai", f"generator.base_url={vllm}/v1"]
+            fresh = lambda: httpx.post(f"{vllm}/reset_prefix_cache", timeout=60).raise_for_status()  # noqa: E731
+        return _bench(args, questions, fresh, started)
+
+
+def _vllm():
+    """vLLM on a free port with the tests' flags and its dev routes (the prefix-cache reset)."""
+    from rigkit.generation import converted_model_dir, load_generator
+    from tests import vllm_setup  # the vLLM venv and flags the tests use
+
+    load_generator()  # the converted folder vLLM reads
+    log = Path(tempfile.mkdtemp(prefix="rigkit-bench-vllm-")) / "vllm.log"
+    print(f"starting vLLM (log: {log})", flush=True)
+    return vllm_setup.running(converted_model_dir(), log, extra_env={"VLLM_SERVER_DEV_MODE": "1"})
+
+
+def _bench(args: argparse.Namespace, questions: list[str], fresh, started: float) -> int:
     server = None if args.url else _start(args.max_queue, args.workers, args.settings)
     base = args.url or server[0]
     try:
         health = httpx.get(f"{base}/health", timeout=10).json()
-        print(f"server {base}  {health.get('workers', 1)} workers  clients {args.clients} x {args.questions} "
-              f"questions, max_tokens {args.max_tokens}, queue bound {args.max_queue}, {os.cpu_count()} cores, "
+        load_total = len(questions) if args.dataset else args.clients * args.questions
+        print(f"server {base}  {health.get('workers', 1)} workers  {args.clients} clients, {load_total} "
+              f"answers under load ({args.dataset or 'demo'} questions), max_tokens {args.max_tokens}, queue bound {args.max_queue}, {os.cpu_count()} cores, "
               f"load average {os.getloadavg()[0]:.1f}" + "".join(f"  --set {s}" for s in args.settings))
         options = {"max_tokens": args.max_tokens}
         _ask(base, questions[0], options)  # warm-up (first-call allocations), not counted
         first = None if args.no_first_token else _first_tokens(
             base, [q for q in questions if q.isascii()][:2 if args.quick else 4], options, args.settings)
-        alone = _run(base, questions, options, clients=1, per_client=len(questions))
-        load = _run(base, questions, options, clients=args.clients, per_client=args.questions)
+        alone = _run(base, questions, options, clients=1, total=len(questions), fresh=fresh)
+        load = _run(base, questions, options, clients=args.clients, total=load_total, fresh=fresh)
     finally:
         if server is not None:
             server[1].terminate()
             server[1].wait(60)
     same = sum(load["answers_by_question"][q] == [alone["answers_by_question"][q][0]] * len(load["answers_by_question"][q])
                for q in load["answers_by_question"])
-    _report(alone, load, first, same, health.get("workers", 1))
+    record = _report(alone, load, first, same, health.get("workers", 1),
+                     {"settings": args.settings, "vllm": args.vllm, "max_tokens": args.max_tokens,
+                      "questions": f"{args.dataset} test" if args.dataset else "demo"})
+    save(args, "serve_vllm" if args.vllm else "serve", record, started)
     return 0
 
 
@@ -167,12 +211,21 @@ def _ask(base: str, question: str, options: dict) -> tuple[float, int, str]:
             return time.perf_counter() - start, refused, answer
 
 
-def _run(base: str, questions: list[str], options: dict, clients: int, per_client: int) -> dict:
+def _run(base: str, questions: list[str], options: dict, clients: int, total: int, fresh=None) -> dict:
+    """`clients` at once asking `total` questions (the list in order, from the start again when it
+    runs out), each client taking the next one as soon as its last is answered, as a load generator
+    with a fixed concurrency does. `fresh()`: empties the server's prefix cache first."""
     lock, latencies, refusals, answers = threading.Lock(), [], [0], {}
+    todo = iter([questions[k % len(questions)] for k in range(total)])
+    if fresh is not None:
+        fresh()
 
-    def client(i: int) -> None:
-        for j in range(per_client):
-            question = questions[(i + j) % len(questions)]
+    def client(_: int) -> None:
+        while True:
+            with lock:
+                question = next(todo, None)
+            if question is None:
+                return
             seconds, refused, answer = _ask(base, question, options)
             with lock:
                 latencies.append(seconds)
@@ -183,7 +236,7 @@ def _run(base: str, questions: list[str], options: dict, clients: int, per_clien
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))  # re-raises the first failure
     wall = time.perf_counter() - start
-    expected = clients * per_client
+    expected = total
     if len(latencies) != expected:
         raise RuntimeError(f"{expected - len(latencies)} of {expected} questions got no answer")
     latencies.sort()
@@ -192,7 +245,7 @@ def _run(base: str, questions: list[str], options: dict, clients: int, per_clien
             "refused": refusals[0], "answers_by_question": answers}
 
 
-def _report(alone: dict, load: dict, first: dict | None, same: int, workers: int) -> None:
+def _report(alone: dict, load: dict, first: dict | None, same: int, workers: int, setting: dict) -> dict:
     if first is not None:
         print(f"first token, one client ({first['questions']} questions): streamed /chat p50 "
               f"{first['chat_p50']:.2f} s, rigkit ask's loop {first['ask_p50']:.2f} s: x{first['chat_vs_ask']:.2f}")
@@ -206,10 +259,8 @@ def _report(alone: dict, load: dict, first: dict | None, same: int, workers: int
     print(f"load / alone: p50 x{load['p50'] / alone['p50']:.1f}, p95 x{load['p95'] / alone['p95']:.1f}, "
           f"throughput x{load['throughput'] / alone['throughput']:.2f}{why}; nothing lost; "
           f"answers under load identical to alone: {same} of {asked} questions")
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps({"alone": alone, "load": load, "first_token": first}, indent=2))
-
+    return {"alone": alone, "load": load, "first_token": first, "workers": workers, **setting,
+            "answers_identical": same, "questions_asked": asked}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,25 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import stop_process, wait_until_healthy
-from tests.vllm_setup import (
-    BLOCK_SIZE,
-    INSTALL_COMMAND,
-    SERVE_ENV,
-    SERVED_NAME,
-    serve_args,
-    vllm_python,
-)
+from tests import vllm_setup
+from tests.vllm_setup import BLOCK_SIZE, INSTALL_COMMAND, SERVED_NAME, free_port, vllm_python
 
 pytestmark = pytest.mark.slow
 
@@ -33,68 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = str(ROOT / "configs" / "cpu.yaml")
 DEMO = ("Can I use code under the Apache-2.0 licence in a commercial product, "
         "and what must I include when I ship it?")
-START_LIMIT = 300  # seconds to /health: ~1 min on a quiet 2-core machine with --enforce-eager
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _group_members(pgid: int) -> list[int]:
-    """PIDs still running (zombies aside) in process group `pgid`."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue  # the process ended while being read
-        if int(group) == pgid and state != "Z":
-            members.append(int(stat.parent.name))
-    return members
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM (vLLM then stops its engine and worker), SIGKILL after 30 s; no child outlives it."""
-    stop_process(process, grace=30)
-    deadline = time.monotonic() + 15
-    while _group_members(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the engine and worker finish their own shutdown
-    if _group_members(process.pid):
-        os.killpg(process.pid, signal.SIGKILL)  # its own group: started with start_new_session
-        time.sleep(1)
-    left = _group_members(process.pid)
-    assert not left, f"vLLM processes outlived the server: {left}"
 
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
     """vLLM serving the default model as `smollm2-135m-instruct`, warmed up; stopped after the module."""
-    python = vllm_python()
-    if python is None:
+    if vllm_python() is None:
         pytest.skip(f"the vLLM test venv is not installed; run: {INSTALL_COMMAND}")
-    import httpx
-
     from rigkit.generation import converted_model_dir, load_generator
 
     load_generator()  # converts the GGUF once (and cleans an older copy's config) before vLLM reads it
-    port, log = _free_port(), tmp_path_factory.mktemp("vllm") / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([str(python), *serve_args(converted_model_dir(), port)], stdout=out,
-                                   stderr=subprocess.STDOUT, env={**os.environ, **SERVE_ENV},
-                                   start_new_session=True)  # one group: the engine and worker go with it
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(base, process, START_LIMIT, lambda: log.read_text(errors="replace")[-3000:],
-                           poll=1.0, name="vLLM")
-        # the first request pays for lazy initialisation; no test should time it
-        warm = httpx.post(f"{base}/v1/completions", timeout=300,
-                          json={"model": SERVED_NAME, "prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 20})
-        assert warm.status_code == 200, warm.text
+    with vllm_setup.running(converted_model_dir(), tmp_path_factory.mktemp("vllm") / "server.log") as base:
         yield f"{base}/v1"
-    finally:
-        _stop(process)
 
 
 def _ask(*args: str) -> subprocess.CompletedProcess:
@@ -274,9 +213,85 @@ def test_a_model_the_server_does_not_serve_is_one_line_naming_what_it_serves(vll
 
 
 def test_a_server_that_is_down_is_one_line_naming_the_url():
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     done = _ask("--backend", "openai", "--base-url", url, "--model", SERVED_NAME, DEMO)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("rigkit: error:")]
     assert len(errors) == 1 and f"cannot reach the model server at {url}/models" in errors[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_rigkit_serve_with_four_workers_runs_four_loops_that_vllm_batches(vllm_url, tmp_path):
+    """`rigkit serve --workers 4` against vLLM: four clients at once are four RIG loops in flight
+    (rigkit's /health sees them together) whose calls vLLM runs together (its own
+    `num_requests_running` gauge), and every greedy answer is the one the question gets alone."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.conftest import stop_process, wait_until_healthy
+
+    questions = [json.loads(line)["question"] for line in (ROOT / "data/demo/questions.jsonl").open()]
+    questions = [q for q in questions if q.isascii()][:4]
+    port, log = free_port(), tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "rigkit.cli", "serve", "--config", CPU, "--port", str(port), "--workers", "4",
+             "--set", "generator.backend=openai", "--set", f"generator.base_url={vllm_url}"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    base, vllm_base = f"http://127.0.0.1:{port}", vllm_url.removesuffix("/v1")
+    options = {"max_tokens": 32}
+
+    def ask(question: str) -> str:
+        reply = httpx.post(f"{base}/chat", json={"question": question, "options": options}, timeout=300)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["answer"]
+
+    try:
+        wait_until_healthy(base, server, 300, lambda: log.read_text(errors="replace")[-3000:])
+        assert httpx.get(f"{base}/health", timeout=10).json()["workers"] == 4
+        alone = [ask(q) for q in questions]
+        most, most_in_vllm, done = 0, 0.0, threading.Event()
+
+        def watch():
+            nonlocal most, most_in_vllm
+            while not done.is_set():
+                most = max(most, httpx.get(f"{base}/health", timeout=10).json()["running"])
+                metrics = httpx.get(f"{vllm_base}/metrics", timeout=10).text
+                running = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                           if line.startswith("vllm:num_requests_running")]
+                most_in_vllm = max([most_in_vllm, *running])
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with ThreadPoolExecutor(len(questions)) as pool:
+                together = list(pool.map(ask, questions))
+        finally:
+            done.set()
+            watcher.join()
+        health = httpx.get(f"{base}/health", timeout=10).json()
+    finally:
+        stop_process(server, grace=30)
+    print({"most_running": most, "most_in_vllm": most_in_vllm, "alone": alone, "together": together})
+    assert all(answer.strip() for answer in alone)
+    assert together == alone  # greedy: batching changes the speed, not the answers
+    assert most == 4, most  # four loops at once, not one after another
+    assert most_in_vllm >= 2, most_in_vllm  # and vLLM ran their calls together
+    assert health["completed"] == 2 * len(questions) and health["running"] == 0
+
+
+def test_the_eval_throughput_benchmark_runs_against_vllm(vllm_url, tmp_path):
+    """`bench/eval_throughput.py` (in-process vs vLLM `rigkit eval`) on one question per set: the
+    script runs, both ways answer every question, and the greedy float32 answers agree."""
+    done = subprocess.run([sys.executable, "bench/eval_throughput.py", "--quick", "--limit", "1", "--vllm-url",
+                           vllm_url, "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=900,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "eval_throughput.json").read_text())
+    both = record["sets"]["both sets"]
+    assert both["in-process"]["answers"] == both["vllm"]["answers"] == both["answers"] == 2
+    assert both["identical"] == 2, done.stdout

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["VENV", "VLLM_VERSION", "INSTALL_COMMAND", "SERVED_NAME", "BLOCK_SIZE", "SERVE_ENV",
-           "serve_args", "vllm_python", "check"]
+           "START_LIMIT", "serve_args", "vllm_python", "check", "free_port", "running", "stop"]
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("RIGKIT_VLLM_VENV", ROOT / ".vllm-venv"))
@@ -54,6 +58,9 @@ def serve_args(model_dir: str | Path, port: int) -> list[str]:
         "--block-size", str(BLOCK_SIZE),
         "--enforce-eager",  # healthy in ~1-2 min instead of ~10 compiling graphs on 2 cores
     ]
+
+
+START_LIMIT = 300  # seconds to /health: ~1-2 min on a quiet 2-core machine with --enforce-eager
 
 
 def vllm_python() -> Path | None:
@@ -107,6 +114,94 @@ def install() -> str:
     STAMP.touch()  # only now: an interrupted install is rebuilt next time
     print(f"vllm test setup: installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return version
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None = None,
+            extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """vLLM serving `model_dir` on a free loopback port, healthy and warmed up: yields its base URL
+    (`http://127.0.0.1:PORT`, add `/v1` for the OpenAI routes); stopped, with every process of
+    its group, on exit. Raises RuntimeError (with the log's tail) when it exits or hangs."""
+    import httpx
+
+    python = vllm_python()
+    if python is None:
+        raise RuntimeError(f"the vLLM venv is not installed; run: {INSTALL_COMMAND}")
+    port = free_port()
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(python), *serve_args(model_dir, port), *extra_args], stdout=out,
+                                   stderr=subprocess.STDOUT, env={**os.environ, **SERVE_ENV, **(extra_env or {})},
+                                   start_new_session=True)  # one group: the engine and worker go with it
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, process, log)
+        # the first request pays for lazy initialisation; nothing should time it
+        warm = httpx.post(f"{base}/v1/completions", timeout=300,
+                          json={"model": SERVED_NAME, "prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 20})
+        if warm.status_code != 200:
+            raise RuntimeError(f"vLLM's warm-up request failed: {warm.status_code} {warm.text[:500]}")
+        yield base
+    finally:
+        stop(process)
+
+
+def _wait_healthy(base: str, process: subprocess.Popen, log: Path) -> None:
+    import httpx
+
+    deadline = time.monotonic() + START_LIMIT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{_tail(log)}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"vLLM did not start in {START_LIMIT} s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+def _group_members(pgid: int) -> list[int]:
+    """PIDs still running (zombies aside) in process group `pgid`."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # the process ended while being read
+        if int(group) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM (vLLM then stops its engine and worker), SIGKILL after 30 s; no child outlives it
+    (RuntimeError if one does)."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 15
+    while _group_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the engine and worker finish their own shutdown
+    if _group_members(process.pid):
+        os.killpg(process.pid, signal.SIGKILL)  # its own group: started with start_new_session
+        time.sleep(1)
+    left = _group_members(process.pid)
+    if left:
+        raise RuntimeError(f"vLLM processes outlived the server: {left}")
 
 
 def main(argv: list[str] | None = None) -> int:
