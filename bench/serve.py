@@ -11,10 +11,12 @@ under load are identical to the same question's answer alone (greedy decoding: a
 Every question must end with exactly one answer: a lost or failed request is an error, not a
 statistic.
 
-Against vLLM (`--vllm` starts one with the tests' flags, or `--set generator.base_url=...`), both
-phases answer the same questions (4 clients x 2 questions = the 8 demo questions once each), and
-with `--vllm` the server's prefix cache is emptied before each phase, so neither phase reads what
-the other put there (vLLM's `/reset_prefix_cache`, on with `VLLM_SERVER_DEV_MODE=1`).
+Under load each client asks the next question as soon as its last is answered; 4 clients x 2
+questions are the 8 demo questions once each, as alone (`--dataset SET`: that set's test split
+over its corpus, every question once in each phase). Against vLLM (`--vllm` starts one with the
+tests' venv and flags, or `--set generator.base_url=...`), `--vllm` empties vLLM's prefix cache
+before each phase, so neither phase reads what the other put there (vLLM's `/reset_prefix_cache`,
+served with `VLLM_SERVER_DEV_MODE=1`).
 
 First, time to first token with one client: a streamed `/chat` (the first `token` event) beside
 the loop `rigkit ask` runs, in this process with the same config and model, both warm, taking

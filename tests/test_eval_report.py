@@ -54,6 +54,15 @@ def test_markdown_has_the_aggregated_numbers():
     assert f"{groups['closed_book', 'all'].latency_p95:.2f}" in text
 
 
+def test_the_model_line_names_the_source_the_answers_recorded():
+    """A served model's source is known once it has answered ("?" in the meta written before)."""
+    rows = [{**r, "model": {"spec": "served", "source": "openai-compatible URL (token-id prompts)"}}
+            for r in _rows()]
+    text = markdown_report({"split": "all", "model": {"spec": "served", "source": "openai-compatible URL (?)"}}, rows)
+    assert "(source: openai-compatible URL (token-id prompts))" in text
+    assert "(source: in-process)" in markdown_report({"model": {"spec": "tiny", "source": "in-process"}}, _rows())
+
+
 def test_report_figures_have_data_from_the_rows():
     figs = report_figures(_rows())
     assert len(figs) == 4

@@ -172,7 +172,8 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) 
 
 def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     cfg = meta.get("config", {})
-    model = meta.get("model") or next((r.get("model") for r in rows if r.get("model")), {}) or {}
+    # the answers' own record first: a served model's source is known only once it has answered
+    model = next((r["model"] for r in rows if r.get("model")), None) or meta.get("model") or {}
     questions = len({r["id"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
     runs = len({r["run"] for r in rows})
