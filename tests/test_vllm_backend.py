@@ -287,9 +287,11 @@ def test_rigkit_serve_with_four_workers_runs_four_loops_that_vllm_batches(vllm_u
 def test_the_eval_throughput_benchmark_runs_against_vllm(vllm_url, tmp_path):
     """`bench/eval_throughput.py` (in-process vs vLLM `rigkit eval`) on one question per set: the
     script runs, both ways answer every question, and the greedy float32 answers agree."""
+    from tests.conftest import hang_limit
+
     done = subprocess.run([sys.executable, "bench/eval_throughput.py", "--quick", "--limit", "1", "--vllm-url",
-                           vllm_url, "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=900,
-                          cwd=ROOT)
+                           vllm_url, "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=hang_limit(600), cwd=ROOT)  # embeds both test corpora unless cached
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "eval_throughput.json").read_text())
     both = record["sets"]["both sets"]
