@@ -20,6 +20,10 @@ PARTS = ("cache", "overhead", "latency", "stages", "retrieval", "startup", "comp
          "eval_throughput")
 
 
+# the parts whose script is not named after them
+COMMANDS = {"serve_vllm": "python bench/serve.py --vllm --clients 4 --workers 4 --no-first-token --dataset 2wikimultihopqa"}
+
+
 def load(folder: Path) -> dict[str, dict[str, Any]]:
     found = {}
     for name in PARTS:
@@ -243,7 +247,7 @@ def render(found: dict[str, dict[str, Any]]) -> str:
     ]
     for name in PARTS:
         if name not in found:
-            lines.append(f"| {name} | not run | `python bench/{name}.py` | |")
+            lines.append(f"| {name} | not run | `{COMMANDS.get(name, f'python bench/{name}.py')}` | |")
             continue
         try:
             rows = ROWS[name](found[name])
