@@ -437,3 +437,43 @@ def test_a_replayed_turn_resets_only_a_generator_that_supports_it():
     assert inner.resets == 0  # a replay keeps the pending turn's cache
     _ReplayGenerator(inner, []).reset(0)
     assert inner.resets == 1
+
+
+def test_a_sampled_question_gets_a_seed_per_request_and_each_run_its_own():
+    server = Server(["It", " is", "."])
+    generator = _generator(server, temperature=0.7, top_p=0.9, seed=0)
+
+    def seeds(run_seed):
+        generator.reset(run_seed)
+        for _ in range(3):
+            generator.next_segment(_prompt(generator), StopRule(), 20)
+        return [r["seed"] for r in server.requests[-3:]]
+
+    first, again, next_run = seeds(0), seeds(0), seeds(1)
+    assert first == again  # a run repeats exactly
+    assert len(set(first)) == 3  # the rounds of one answer do not replay one random stream
+    assert not set(first) & set(next_run)  # nor does the next run reuse this run's seeds
+    assert all(0 <= s < 2**31 for s in first + next_run)
+    assert {r["temperature"] for r in server.requests} == {0.7}
+
+
+def test_greedy_requests_carry_no_seed():
+    server = Server(["It", "."])
+    generator = _generator(server, seed=3)
+    generator.reset(3)
+    generator.next_segment(_prompt(generator), StopRule(), 20)
+    assert server.requests[-1]["temperature"] == 0.0 and "seed" not in server.requests[-1]
+
+
+def test_evaluation_runs_over_a_served_model_sample_with_their_own_seeds():
+    from rigkit.config import RunConfig
+    from rigkit.eval.systems import answer_closed_book, _seeded
+
+    server = Server(["It", " is", "."])
+    generator = _generator(server, temperature=0.7, top_p=0.9)
+    for run_seed in (0, 1, 0):
+        answer_closed_book(generator, "what licence?", _seeded(RunConfig(), run_seed))
+    by_run = [r["seed"] for r in server.requests]
+    per_answer = len(by_run) // 3
+    run0, run1, run0_again = (by_run[i * per_answer:(i + 1) * per_answer] for i in range(3))
+    assert run0 == run0_again and run0 != run1

@@ -115,6 +115,8 @@ class OpenAIGenerator:
         self._server: _Server | None = None
         self._piece_ids: dict[str, list[int]] = {}
         self._special_tags_at_risk = False  # kept tags are special tokens the server may skip
+        self._question_seed: int | None = None  # set by reset(): one question's sampled requests
+        self._requests = 0
         self._specials = special_strings(tokenizer)  # broken up in the data of text prompts
         self.eos_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
@@ -295,11 +297,30 @@ class OpenAIGenerator:
                 self._piece_ids[text] = self.tokenizer(text, add_special_tokens=False).input_ids
             return self._piece_ids[text]
 
+    def reset(self, seed: int | None = None) -> None:
+        """A new question: its sampled requests are seeded from `seed`, a seed per request in order,
+        so a sampled run repeats exactly and each run of `rigkit eval --runs N` samples anew."""
+        with self._lock:
+            self._question_seed, self._requests = seed, 0
+
     def _sampling(self) -> dict[str, Any]:
         if self.temperature <= 0:
             return {"temperature": 0.0}
-        extra = {"seed": self.seed} if self.seed is not None else {}
+        seed = self._request_seed()
+        extra = {"seed": seed} if seed is not None else {}
         return {"temperature": self.temperature, "top_p": self.top_p, **extra}
+
+    def _request_seed(self) -> int | None:
+        with self._lock:
+            if self._question_seed is None:
+                return self.seed
+            self._requests += 1
+            request = self._requests
+        # Independent streams for (question seed, request number): the same seed on every round
+        # would replay one random stream, and seed + n would hand run r's second round run r+1's first.
+        import numpy as np
+
+        return int(np.random.SeedSequence((self._question_seed % 2**64, request)).generate_state(1)[0] >> 1)
 
     def _token_prompts(self, server: _Server) -> bool:
         return self.prompt_format == "tokens" or (self.prompt_format == "auto" and server.vllm)
