@@ -229,9 +229,15 @@ def apply_settings(config: RunConfig, settings: Sequence[str]) -> RunConfig:
     The value is read as YAML (`5`, `0.3`, `true`, `null`, `[a, b]`, `{name: prob}`); a key that
     names a string keeps the text as typed. A longer key walks into a mapping field:
     `decider.params.threshold=0.3`. The result is checked by the code that checks a config file.
+    `decider.name=` another decider starts that section from its defaults (as `--decider` does):
+    the file's threshold and params were meant for the decider it names; the other `decider.*`
+    settings then apply, in any order.
     """
-    for setting in settings:
-        keys, value = _parse_setting(setting)
+    parsed = [(setting, *_parse_setting(setting)) for setting in settings]
+    names = [value for _, keys, value in parsed if keys == ["decider", "name"]]
+    if names and names[-1] != config.decider.name:
+        config = dataclasses.replace(config, decider=DeciderConfig())
+    for setting, keys, value in parsed:
         data = config.to_dict()
         _put(data, keys, value, setting)
         try:

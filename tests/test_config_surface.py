@@ -100,6 +100,17 @@ def test_later_settings_win_and_members_take_mappings():
     assert config.decider.members[1].threshold == 0.5
 
 
+def test_naming_another_decider_drops_the_files_threshold_for_the_old_one():
+    from rigkit.config import DeciderConfig
+
+    prob = RunConfig().override(decider={"threshold": 0.3, "params": {"pause_at": 1}})
+    # cpu.yaml's prob threshold must not become the classifier's: its file holds a tuned one
+    config = apply_settings(prob, ["decider.trigger_model=m.skops", "decider.name=classifier"])
+    assert config.decider == DeciderConfig(name="classifier", trigger_model="m.skops")
+    assert apply_settings(prob, ["decider.threshold=0.2", "decider.name=entropy"]).decider.threshold == 0.2
+    assert apply_settings(prob, ["decider.name=prob"]).decider.threshold == 0.3  # same decider: kept
+
+
 @pytest.mark.parametrize("setting, words", [
     ("retrival.top_k=5", ["unknown section 'retrival'", "known: generator, retrieval"]),
     ("retrieval.topk=5", ["unknown key 'topk' in retrieval", "top_k", "embedding_model"]),
