@@ -184,6 +184,7 @@ def test_score_result_reads_the_trace():
     assert row["support_recall"] == 1.0 and row["support_recall_pid"] == 1.0
     assert row["tokens_prefilled"] == 150 and row["tokens_reused"] == 90
     assert row["extra_forward_passes"] == 1 and row["extra_model_calls"] == 1
+    assert row["model_calls"] == 4  # three rounds, each a generation request, and one helper call
     assert row["forward_passes"] == 21
     assert row["timings"] == pytest.approx({"generate": 1.5, "retrieve": 0.2})
     # no recorded visibility (an old trace): every injected passage counts; h1 supports it

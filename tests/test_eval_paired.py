@@ -115,3 +115,45 @@ def test_quality_is_read_beside_cost():
     # columns nobody defined (support recall, extra calls here) are left out, latency comes last
     assert lines[0] == "| System | Questions | Runs | Cover EM | F1 | Retrievals/q | Prefilled | Latency p50 (s) |"
     assert lines[3] == "| rig:prob | 40 | 1 | 0.675 | 0.338 | 2.00 | 300 | 1.50 |"
+
+
+def test_model_calls_are_read_from_new_lines_and_derived_for_older_ones():
+    rows = _rows()
+    for i, row in enumerate(rows):
+        row.update(retrievals=1, segments=2, extra_model_calls=1 if row["system"] == "rig:prob" else 0)
+        if i % 2:  # a line written since: its own figure wins
+            row["model_calls"] = row["segments"] + row["extra_model_calls"]
+    table = markdown_report({}, rows).split("## Quality beside cost", 1)[1].split("##", 1)[0]
+    lines = [x for x in table.splitlines() if x.startswith("|")]
+    assert "Model calls" in lines[0]
+    column = lines[0].split("|").index(" Model calls ")
+    calls = {line.split("|")[1].strip(): line.split("|")[column].strip() for line in lines[2:]}
+    assert calls == {"rag": "2.00", "rig:prob": "3.00"}
+
+
+def _section(text: str, title: str) -> list[str]:
+    body = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+    return [x for x in body.splitlines() if x.startswith("|")]
+
+
+def test_the_glance_table_puts_each_systems_paired_difference_beside_its_cost():
+    lines = _section(markdown_report({}, _rows()), "Against rag at a glance")
+    assert "Cover EM − rag [95%]" in lines[0] and "Wins / losses, p" in lines[0]
+    rig = next(x for x in lines if x.startswith("| rig:prob |"))
+    (cover,) = compare_systems(_rows(), "rag", ["cover_em"])
+    assert f"+0.250 [{cover.low:+.3f}, {cover.high:+.3f}]" in rig and "11 / 1, p=0.0063" in rig
+    assert next(x for x in lines if x.startswith("| rag |")).endswith("|  |  |  |  |")  # no self-pairing
+
+
+def test_question_types_show_their_counts_and_each_systems_wins_and_losses():
+    rows = _rows()
+    for row in rows:
+        row["type"] = "bridge" if int(row["id"][1:]) < 15 else "comparison"
+    lines = _section(markdown_report({}, rows), "Cover EM by question type")
+    assert lines[0] == "| Type | Questions | rag | rig:prob |"
+    for qtype, ids in (("bridge", range(15)), ("comparison", range(15, 40))):
+        mine, theirs = [SYSTEM[i] for i in ids], [BASELINE[i] for i in ids]
+        wins = sum(a > b for a, b in zip(mine, theirs))
+        losses = sum(a < b for a, b in zip(mine, theirs))
+        assert (f"| {qtype} | {len(mine)} | {sum(theirs) / len(theirs):.3f} | "
+                f"{sum(mine) / len(mine):.3f} ({wins} / {losses}) |") in lines

@@ -245,3 +245,18 @@ def test_retrieving_systems_need_an_explicit_index(tmp_path):
     generator, _ = _parts()
     with pytest.raises(InputError, match="need an index"):
         evaluate(qa, tmp_path / "run", "closed_book,rag", generator=generator, progress=False)
+
+
+def test_each_call_records_its_wall_time_and_the_report_sums_them(tmp_path):
+    qa = _qa_file(tmp_path / "toy")
+    generator, retriever = _parts()
+    out = tmp_path / "run"
+    evaluate(qa, out, "closed_book", split="test", limit=1, generator=generator, retriever=retriever,
+             faithfulness=False, progress=False)
+    evaluate(qa, out, "closed_book", split="test", generator=generator, retriever=retriever,
+             faithfulness=False, progress=False)  # a resume: the second question only
+    sessions = json.loads((out / "meta.json").read_text())["sessions"]
+    assert [s["answers"] for s in sessions] == [1, 1]
+    assert all(s["seconds"] >= 0 and s["started"] <= s["finished"] and s["workers"] == 1 for s in sessions)
+    minutes = sum(s["seconds"] for s in sessions) / 60
+    assert f"Wall time answering: {minutes:.1f} min in 2 session(s)" in (out / "report.md").read_text()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "row_field", "stage_names"]
+__all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "question_type", "row_field", "stage_names"]
 
 # (key in a result line, column label, format). The order is the report's column order.
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -35,6 +35,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("tokens_reused", "Reused", "{:.0f}"),
     ("forward_passes", "Forward passes", "{:.0f}"),
     ("extra_model_calls", "Extra calls", "{:.2f}"),
+    ("model_calls", "Model calls", "{:.2f}"),
     ("citation_precision", "Citation precision", "{:.3f}"),
     ("all_sentences_supported", "All sentences supported", "{:.3f}"),
     ("sentence_support_share", "Sentence support share", "{:.3f}"),
@@ -83,8 +84,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[low] + (data[high] - data[low]) * (pos - low)
 
 
+# Figures that result lines written before them lack, derived from the fields those lines have.
+DERIVED: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "model_calls": lambda row: (row["segments"] + row["extra_model_calls"]
+                                if "segments" in row and "extra_model_calls" in row else None),
+}
+
+
 def _value(row: dict[str, Any], key: str) -> float | None:
-    value = row.get(key)
+    value = DERIVED[key](row) if key not in row and key in DERIVED else row.get(key)
     if value is None or isinstance(value, (dict, list, str)):
         return None
     return float(value)
@@ -153,10 +161,15 @@ def aggregate(rows: Iterable[dict[str, Any]], by_type: bool = True) -> list[Grou
     systems = list(dict.fromkeys(r["system"] for r in rows))
     out = [_group(s, ALL_TYPES, [r for r in rows if r["system"] == s], stages) for s in systems]
     if by_type:
-        types = sorted({str(r.get("type") or "") for r in rows})
+        types = sorted({question_type(r) for r in rows})
         for system in systems:
             for qtype in types:
-                group = [r for r in rows if r["system"] == system and str(r.get("type") or "") == qtype]
+                group = [r for r in rows if r["system"] == system and question_type(r) == qtype]
                 if group:
-                    out.append(_group(system, qtype or "(none)", group, stages))
+                    out.append(_group(system, qtype, group, stages))
     return out
+
+
+def question_type(row: dict[str, Any]) -> str:
+    """The row's question type, "(none)" where the data set gives none."""
+    return str(row.get("type") or "") or "(none)"

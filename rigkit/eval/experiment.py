@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,7 +89,21 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     meta["runs"] = max(int(old.get("runs", 0)), meta["runs"])
     meta["question_ids"] = list(dict.fromkeys([*old.get("question_ids", []),
                                                *meta["question_ids"]]))
+    meta["sessions"] = old.get("sessions", [])
     return meta
+
+
+def _record_session(folder: Path, meta: dict[str, Any], started: tuple[str, float], summary: RunSummary,
+                    workers: int | None) -> None:
+    """Add this call's wall time to meta.json: what a run took on this machine, resumes included."""
+    finished = datetime.now(timezone.utc)
+    meta["updated"] = finished.isoformat(timespec="seconds")
+    meta["sessions"] = [*meta.get("sessions", []), {
+        "started": started[0], "finished": meta["updated"],
+        "seconds": round(time.perf_counter() - started[1], 1), "answers": summary.written,
+        "workers": workers, "cpus": os.cpu_count(),
+    }]
+    atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
 
 
 def load_parts(cfg: RunConfig, specs: list, generator: Any = None, retriever: Any = None) -> tuple[Any, Any]:
@@ -158,6 +174,7 @@ def evaluate(
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = (now, time.perf_counter())
     meta = _check_meta(folder, {
         "created": now, "updated": now, "qa": str(Path(qa)), "split": split, "limit": limit,
         "index": str(index) if index is not None else cfg.retrieval.index,
@@ -168,7 +185,7 @@ def evaluate(
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
     if ray is not None:
-        return _evaluate_on_ray(ray, items, specs, cfg, folder, meta, runs=runs, faithfulness=faithfulness,
+        return _evaluate_on_ray(ray, items, specs, cfg, folder, meta, started, runs=runs, faithfulness=faithfulness,
                                 traces=traces, progress=progress, workers=concurrency, report=report)
     generator, retriever = load_parts(cfg, specs, generator, retriever)
     meta["model"] = {"spec": generator.spec or cfg.generator.model, "source": generator.source}
@@ -189,13 +206,14 @@ def evaluate(
     summary = run_eval(items, built, folder, runs=runs, base_seed=cfg.generator.seed,
                        faithfulness=scorer, traces=traces, progress=progress,
                        concurrency=concurrency, worker_systems=worker_systems)
+    _record_session(folder, meta, started, summary, concurrency)
     if report:
         write_report(folder)
     return summary
 
 
 def _evaluate_on_ray(address: str, items: list[QAItem], specs: list, cfg: RunConfig, folder: Path,
-                     meta: dict[str, Any], *, runs: int, faithfulness: bool, traces: bool, progress: bool,
+                     meta: dict[str, Any], started: tuple[str, float], *, runs: int, faithfulness: bool, traces: bool, progress: bool,
                      workers: int | None, report: bool) -> RunSummary:
     """`evaluate` with Ray actors answering; this process only plans and writes."""
     from rigkit.eval.distributed import RayWorkers
@@ -208,6 +226,7 @@ def _evaluate_on_ray(address: str, items: list[QAItem], specs: list, cfg: RunCon
         atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
         summary = run_eval(items, specs, folder, runs=runs, base_seed=cfg.generator.seed, traces=traces,
                            progress=progress, remote=pool)
+        _record_session(folder, meta, started, summary, pool.workers)
     finally:
         pool.close()
     if report:

@@ -71,7 +71,9 @@ def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path], force: boo
         meta.update(shard=None, merged_from=[str(d) for d in folders],
                     question_ids=list(dict.fromkeys(q for m in metas for q in m.get("question_ids", []))),
                     systems=list(dict.fromkeys(s for m in metas for s in m.get("systems", []))),
-                    runs=max(int(m.get("runs", 1)) for m in metas))
+                    runs=max(int(m.get("runs", 1)) for m in metas),
+                    # shards may have run at once on several machines: each keeps its own sessions
+                    sessions=[{**s, "shard": m.get("shard")} for m in metas for s in m.get("sessions", [])])
         atomic_write_text(out / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
     expected = len(meta["question_ids"]) * len(meta["systems"]) * int(meta["runs"])
     errors = sum(1 for r in rows.values() if r.get("error"))

@@ -241,6 +241,7 @@ def _trace_counts(result: RIGResult) -> dict[str, Any]:
         "forward_passes": generated + extra_passes,
         "extra_forward_passes": extra_passes,
         "extra_model_calls": llm_calls,
+        "model_calls": len(rounds) + llm_calls,  # a generation request per round, plus the helpers'
         "low_confidence": bool(result.low_confidence),
     }
 

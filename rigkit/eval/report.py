@@ -20,7 +20,7 @@ from typing import Any
 
 from rigkit.config import RunConfig
 from rigkit.errors import InputError
-from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, stage_names
+from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, question_type, stage_names
 from rigkit.eval.paired import PairedComparison, compare_systems
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
@@ -34,9 +34,9 @@ QUALITY = ("em", "f1", "em_extracted", "f1_extracted", "cover_em", "support_reca
            "support_recall_pid", "citation_precision", "all_sentences_supported",
            "sentence_support_share")
 COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
-        "tokens_reused", "forward_passes", "extra_model_calls", "latency")
+        "tokens_reused", "forward_passes", "extra_model_calls", "model_calls", "latency")
 # "better" and "cheaper" read together: the headline figures, then what they cost per question
-HEADLINE = ("cover_em", "f1", "support_recall", "retrievals", "extra_model_calls", "tokens_prefilled")
+HEADLINE = ("cover_em", "f1", "support_recall", "retrievals", "model_calls", "tokens_prefilled")
 BY_TYPE = ("em", "f1", "em_extracted", "cover_em", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
@@ -73,7 +73,7 @@ def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dic
                                  f"{other_meta.get(key)!r} vs {meta.get(key)!r}")
         rows += [{**r, "system": f"{r['system']} [{label}]"} for r in other_rows]
         defaults = RunConfig().to_dict()  # a key a run's config lacks is one added since: its default
-        compared.append({"dir": str(folder), "label": label,
+        compared.append({"dir": str(folder), "label": label, "sessions": other_meta.get("sessions", []),
                          "changed": _changed_keys(_merged(defaults, meta.get("config", {})),
                                                   _merged(defaults, other_meta.get("config", {})))})
     if compared:
@@ -148,6 +148,46 @@ def _paired_table(comparisons: list[PairedComparison]) -> Table:
     return header, rows
 
 
+def _glance_table(headline: Table, comparisons: list[PairedComparison], baseline: str) -> Table:
+    """One row per system: the headline figures, then its paired differences from `baseline`."""
+    found = {(c.system, c.metric): c for c in comparisons}
+    header = [*headline[0], f"Cover EM − {baseline} [95%]", "Wins / losses, p",
+              f"F1 − {baseline} [95%]", f"Support recall − {baseline} [95%]"]
+
+    def diff(system: str, metric: str) -> str:
+        c = found.get((system, metric))
+        return "" if c is None else f"{c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}]"
+
+    rows = []
+    for row in headline[1]:
+        system = row[0]
+        cover = found.get((system, "cover_em"))
+        rows.append([*row, diff(system, "cover_em"),
+                     "" if cover is None else f"{cover.wins} / {cover.losses}, p={cover.p_value:.2g}",
+                     diff(system, "f1"), diff(system, "support_recall")])
+    return header, rows
+
+
+def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: str) -> Table:
+    """Cover EM per question type (with its count), each system's wins / losses against `baseline`."""
+    systems = list(dict.fromkeys(g.system for g in typed))
+    header = ["Type", "Questions", *systems]
+    table = []
+    for qtype in sorted({g.type for g in typed}):
+        of_type = [r for r in rows if question_type(r) == qtype]
+        duels = {c.system: c for c in compare_systems(of_type, baseline, metrics=("cover_em",))}
+        stats = {g.system: g for g in typed if g.type == qtype}
+        cells = []
+        for system in systems:
+            g = stats.get(system)
+            cell = "–" if g is None or g.mean.get("cover_em") is None else _cell(g, "cover_em")
+            if system in duels:
+                cell += f" ({duels[system].wins} / {duels[system].losses})"
+            cells.append(cell)
+        table.append([qtype, str(len({r["id"] for r in of_type})), *cells])
+    return header, table
+
+
 def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> dict[str, Table]:
     """Named tables (quality, cost, paired comparisons, by type, latency) from result lines."""
     groups = aggregate(rows)
@@ -164,7 +204,11 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) 
         "Cost": _metric_table(overall, COST, False),
         # only when the baseline ran beside other systems
         **({f"Paired against {baseline} (same questions; bootstrap interval, exact sign / McNemar test)":
-            _paired_table(comparisons)} if comparisons else {}),
+            _paired_table(comparisons),
+            f"Against {baseline} at a glance (cost beside quality; paired differences)":
+            _glance_table(headline, comparisons, baseline),
+            f"Cover EM by question type, wins / losses against {baseline}":
+            _types_table(rows, typed, baseline)} if comparisons else {}),
         "By question type": _metric_table(typed, BY_TYPE, True),
         "Latency per question by stage (mean), p50 / p95": _latency_table(overall, stage_names(rows)),
     }
@@ -191,10 +235,21 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "Cover EM is lenient on comparison questions, whose answers often name both candidates.",
         *(f"`[{c['label']}]`: the systems of `{c['dir']}`, which differs in "
           + (", ".join(f"`{k}: {v}`" for k, v in c["changed"].items()) or "no config key") + "."
+          + (f" {_wall_time(c['sessions'])}" if c.get("sessions") else "")
           for c in meta.get("compared", [])),
+        *([_wall_time(meta["sessions"])] if meta.get("sessions") else []),
         *(["Latencies of compared runs were measured in separate runs: compare them only when the "
            "machine was equally loaded; token counts compare exactly."] if meta.get("compared") else []),
     ]
+
+
+def _wall_time(sessions: list[dict[str, Any]]) -> str:
+    """How long answering took, from the sessions `rigkit eval` recorded (resumes add sessions)."""
+    minutes = sum(float(s.get("seconds", 0)) for s in sessions) / 60
+    workers = sorted({s.get("workers") for s in sessions if s.get("workers")})
+    return (f"Wall time answering: {minutes:.1f} min in {len(sessions)} session(s), "
+            f"{sessions[0].get('started', '?')} to {sessions[-1].get('finished', '?')}, "
+            f"{'/'.join(map(str, workers)) or '?'} at once on {sessions[-1].get('cpus', '?')} CPUs.")
 
 
 def _markdown_table(table: Table) -> str:
