@@ -25,7 +25,8 @@ from scipy import stats
 
 from rigkit.eval.aggregate import row_field
 
-__all__ = ["PAIRED_METRICS", "PairedComparison", "paired_bootstrap", "mcnemar_exact", "compare_systems"]
+__all__ = ["PAIRED_METRICS", "PairedComparison", "paired_bootstrap", "mcnemar_exact", "compare_systems",
+           "per_question"]
 
 PAIRED_METRICS = ("cover_em", "f1", "support_recall")
 RESAMPLES = 10_000
@@ -71,7 +72,7 @@ def mcnemar_exact(wins: int, losses: int) -> float:
     return float(stats.binomtest(wins, wins + losses, 0.5, alternative="two-sided").pvalue)
 
 
-def _per_question(rows: Iterable[dict[str, Any]], metric: str) -> dict[str, dict[str, float]]:
+def per_question(rows: Iterable[dict[str, Any]], metric: str) -> dict[str, dict[str, float]]:
     """system -> question id -> the metric's mean over that question's runs."""
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
@@ -88,7 +89,7 @@ def compare_systems(rows: Sequence[dict[str, Any]], baseline: str = "rag",
     systems = [s for s in dict.fromkeys(r["system"] for r in rows) if s != baseline]
     out = []
     for metric in metrics:
-        table = _per_question(rows, metric)
+        table = per_question(rows, metric)
         reference = table.get(baseline, {})
         for system in systems:
             mine = table.get(system, {})

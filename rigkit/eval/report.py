@@ -21,7 +21,7 @@ from typing import Any
 from rigkit.config import RunConfig
 from rigkit.errors import InputError
 from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, question_type, stage_names
-from rigkit.eval.paired import PairedComparison, compare_systems
+from rigkit.eval.paired import PairedComparison, compare_systems, per_question
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
@@ -175,14 +175,18 @@ def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: 
     table = []
     for qtype in sorted({g.type for g in typed}):
         of_type = [r for r in rows if question_type(r) == qtype]
-        duels = {c.system: c for c in compare_systems(of_type, baseline, metrics=("cover_em",))}
+        scores = per_question(of_type, "cover_em")
+        reference = scores.get(baseline, {})
         stats = {g.system: g for g in typed if g.type == qtype}
         cells = []
         for system in systems:
             g = stats.get(system)
             cell = "–" if g is None or g.mean.get("cover_em") is None else _cell(g, "cover_em")
-            if system in duels:
-                cell += f" ({duels[system].wins} / {duels[system].losses})"
+            mine = scores.get(system, {})
+            shared = set(mine) & set(reference)
+            if system != baseline and shared:
+                wins = sum(mine[q] > reference[q] for q in shared)
+                cell += f" ({wins} / {sum(mine[q] < reference[q] for q in shared)})"
             cells.append(cell)
         table.append([qtype, str(len({r["id"] for r in of_type})), *cells])
     return header, table
