@@ -26,7 +26,7 @@ from scipy import stats
 from rigkit.eval.aggregate import row_field
 
 __all__ = ["PAIRED_METRICS", "PairedComparison", "paired_bootstrap", "mcnemar_exact", "compare_systems",
-           "per_question"]
+           "per_question", "wins_losses"]
 
 PAIRED_METRICS = ("cover_em", "f1", "support_recall")
 RESAMPLES = 10_000
@@ -83,6 +83,12 @@ def per_question(rows: Iterable[dict[str, Any]], metric: str) -> dict[str, dict[
     return {system: {qid: statistics.fmean(v) for qid, v in by_id.items()} for system, by_id in values.items()}
 
 
+def wins_losses(mine: dict[str, float], reference: dict[str, float]) -> tuple[int, int]:
+    """Questions where `mine` scores above / below `reference`, over the questions both answered."""
+    shared = set(mine) & set(reference)
+    return sum(mine[q] > reference[q] for q in shared), sum(mine[q] < reference[q] for q in shared)
+
+
 def compare_systems(rows: Sequence[dict[str, Any]], baseline: str = "rag",
                     metrics: Sequence[str] = PAIRED_METRICS) -> list[PairedComparison]:
     """Every other system against `baseline` on each metric, in the rows' system order."""
@@ -99,8 +105,7 @@ def compare_systems(rows: Sequence[dict[str, Any]], baseline: str = "rag",
             a = [mine[q] for q in shared]
             b = [reference[q] for q in shared]
             difference, low, high = paired_bootstrap(a, b)
-            wins = sum(x > y for x, y in zip(a, b))
-            losses = sum(x < y for x, y in zip(a, b))
+            wins, losses = wins_losses(mine, reference)
             out.append(PairedComparison(system, baseline, metric, len(shared), difference, low, high,
                                         wins, losses, mcnemar_exact(wins, losses)))
     return out

@@ -21,7 +21,7 @@ from typing import Any
 from rigkit.config import RunConfig
 from rigkit.errors import InputError
 from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, question_type, stage_names
-from rigkit.eval.paired import PairedComparison, compare_systems, per_question
+from rigkit.eval.paired import PairedComparison, compare_systems, per_question, wins_losses
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
@@ -183,10 +183,8 @@ def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: 
             g = stats.get(system)
             cell = "–" if g is None or g.mean.get("cover_em") is None else _cell(g, "cover_em")
             mine = scores.get(system, {})
-            shared = set(mine) & set(reference)
-            if system != baseline and shared:
-                wins = sum(mine[q] > reference[q] for q in shared)
-                cell += f" ({wins} / {sum(mine[q] < reference[q] for q in shared)})"
+            if system != baseline and set(mine) & set(reference):
+                cell += " ({} / {})".format(*wins_losses(mine, reference))
             cells.append(cell)
         table.append([qtype, str(len({r["id"] for r in of_type})), *cells])
     return header, table
