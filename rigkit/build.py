@@ -210,7 +210,9 @@ def _summarizer(config: RunConfig, generator: Generator):
     """`context.summarize_history`: the generator summarises turns beyond max_history_tokens."""
     from rigkit.compression import HistorySummarizer
 
-    return HistorySummarizer(generator) if config.context.summarize_history else None
+    if not config.context.summarize_history:
+        return None
+    return HistorySummarizer(generator, input_tokens=config.context.summary_input_tokens)
 
 
 def _with_protocol(config: DeciderConfig, protocol: MarkerProtocol) -> DeciderConfig:

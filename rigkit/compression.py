@@ -169,21 +169,31 @@ _SUMMARY_PROMPT = {
     "zh": "用两三句话概括下面这段之前的对话，保留人名、数字和日期。\n\n{turns}\n\n概括：",
 }
 _TURN = {"en": "User: {q}\nAssistant: {a}", "zh": "用户：{q}\n助手：{a}"}
+SUMMARY_INPUT_TOKENS = 1024  # the most history tokens one summary prompt holds (context.summary_input_tokens)
 # the summary enters the history as an answer to this request, so the chat stays user/assistant
 SUMMARY_REQUEST = {"en": "Summarise our conversation so far.", "zh": "概括一下我们之前的对话。"}
 
 
 class HistorySummarizer:
-    """The generator's short summary of earlier turns; the same turns are summarised once."""
+    """The generator's short summary of earlier turns; the same turns are summarised once.
 
-    def __init__(self, generator: Any, max_new_tokens: int = 96):
+    The summary prompt holds only the newest older turns that fit `input_tokens`, so one summary
+    costs at most that much prompt and `max_new_tokens` of answer however long the history is.
+    `check_stop` (the request's cancellation check, which raises) runs before the model is called."""
+
+    def __init__(self, generator: Any, max_new_tokens: int = 96, input_tokens: int = SUMMARY_INPUT_TOKENS,
+                 check_stop: Callable[[], None] | None = None):
         self.generator = generator
         self.max_new_tokens = max_new_tokens
+        self.input_tokens = input_tokens
+        self.check_stop = check_stop
         self._done: dict[tuple[tuple[str, str], ...], str] = {}
 
     def summarize(self, turns: Sequence[tuple[str, str]], language: str) -> str:
         key = tuple(turns)
         if key not in self._done:
+            if self.check_stop is not None:
+                self.check_stop()
             lang = language if language in _SUMMARY_PROMPT else "en"
             text = "\n".join(_TURN[lang].format(q=q.strip(), a=a.strip()) for q, a in turns)
             reply = self.generator.generate(_SUMMARY_PROMPT[lang].format(turns=text),
@@ -219,25 +229,66 @@ def compressed_hit(
 
 def fit_history(
     turns: list[tuple[str, str]], budget: int, count_tokens: Callable[[str], int],
-    summarizer: HistorySummarizer | None, language: str,
+    summarizer: HistorySummarizer | None, language: str, turn_overhead: int = 0,
 ) -> tuple[list[tuple[str, str]], HistoryFit | None]:
     """The most recent turns that fit `budget` tokens, after one summary turn of the older ones
     (room for it is kept) when there is a `summarizer`; without one the older turns are dropped.
+
+    A turn costs its words plus `turn_overhead`, the chat template's tokens around one
+    user / assistant pair, so the rendered history stays within `budget`. The summary covers the
+    newest older turns that fit the summarizer's `input_tokens`; turns before them are dropped.
     The record is None when every turn fits."""
-    sizes = [count_tokens(q) + count_tokens(a) for q, a in turns]
+    sizes = [count_tokens(q) + count_tokens(a) + turn_overhead for q, a in turns]
     if sum(sizes) <= budget:
         return turns, None
+    request = SUMMARY_REQUEST.get(language, SUMMARY_REQUEST["en"])
+    room = 0
     if summarizer is not None:
-        budget -= min(summarizer.max_new_tokens + 16, budget // 2)
-    kept, used = 0, 0
-    while kept < len(turns) and used + sizes[-1 - kept] <= budget:
-        used += sizes[-1 - kept]
-        kept += 1
+        room = min(summarizer.max_new_tokens + count_tokens(request) + turn_overhead, budget // 2)
+    kept = _newest_within(sizes, budget - room)
     older, recent = turns[: len(turns) - kept], turns[len(turns) - kept :]
     fit = HistoryFit(kept_turns=kept, older_turns=len(older), older_tokens=sum(sizes[: len(older)]))
-    summary = summarizer.summarize(older, language) if summarizer is not None else ""
-    if summary:
-        request = SUMMARY_REQUEST.get(language, SUMMARY_REQUEST["en"])
-        fit.summary, fit.summary_tokens = summary, count_tokens(request) + count_tokens(summary)
+    if summarizer is None or not older:
+        return recent, fit
+    lang = language if language in _TURN else "en"
+    labels = max(0, count_tokens(_TURN[lang].format(q="a", a="b") + "\n") - count_tokens("a") - count_tokens("b"))
+    told = _newest_within([s - turn_overhead + labels for s in sizes[: len(older)]], summarizer.input_tokens)
+    read = older[len(older) - told :]
+    if not told:  # the newest older turn alone is over the input: its beginning is summarised
+        told, read = 1, [_cut_turn(older[-1], summarizer.input_tokens - labels, count_tokens)]
+    summary = summarizer.summarize(read, language)
+    cost = count_tokens(request) + count_tokens(summary) + turn_overhead
+    while recent and cost + sum(sizes[len(turns) - len(recent) :]) > budget:
+        recent.pop(0)  # a summary longer than its room: the oldest kept turns make way
+        fit.kept_turns, fit.older_turns = fit.kept_turns - 1, fit.older_turns + 1
+    fit.older_tokens = sum(sizes[: fit.older_turns])
+    if summary and cost <= budget:
+        fit.summary, fit.summary_tokens, fit.summarized_turns = summary, cost, told
         recent.insert(0, (request, summary))
     return recent, fit
+
+
+def _newest_within(sizes: Sequence[int], budget: int) -> int:
+    """How many of the last `sizes` fit `budget` together."""
+    taken, used = 0, 0
+    while taken < len(sizes) and used + sizes[-1 - taken] <= budget:
+        used += sizes[-1 - taken]
+        taken += 1
+    return taken
+
+
+def _cut_turn(turn: tuple[str, str], limit: int, count_tokens: Callable[[str], int]) -> tuple[str, str]:
+    """`turn` within `limit` tokens: the question (at most half of them), then the answer's beginning."""
+    question = _cut_text(turn[0], max(1, limit // 2), count_tokens)
+    return question, _cut_text(turn[1], max(0, limit - count_tokens(question)), count_tokens)
+
+
+def _cut_text(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
+    """The longest beginning of `text` within `limit` tokens (a binary search over characters)."""
+    if count_tokens(text) <= limit:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count_tokens(text[:mid]) <= limit else (lo, mid - 1)
+    return text[:lo]

@@ -138,6 +138,7 @@ class ContextConfig:
     max_passage_tokens: int = 256  # each passage is cut to this
     max_history_tokens: int = 2048  # earlier turns of a conversation kept in context
     summarize_history: bool = True  # turns beyond max_history_tokens become one summary turn (generator); false = dropped
+    summary_input_tokens: int = 1024  # the newest older turns one summary reads (the older rest is dropped): bounds its cost
     passage_share: float | None = None  # share of the model's context for passages (e.g. 0.8); null = max_retrieval_tokens only; both: the smaller
     allocate: str = "rank"  # rank (plain RAG drops its lowest-ranked, RIG evicts the least related) | score (the lowest fused score goes first)
     order: str = "arrival"  # arrival (retriever order per block) | relevance (best first) | edges (best first and last, weakest in the middle)
@@ -311,7 +312,7 @@ def _from_plain(cls: type, data: Any, where: str) -> Any:
 
 # Counts that make no sense below a bound (a negative max_rounds would loop on no budget).
 _MINIMUMS = {"max_rounds": 0, "top_k": 1, "max_answer_tokens": 1, "max_segment_tokens": 1,
-             "max_retrieval_tokens": 0, "max_passage_tokens": 1, "max_history_tokens": 0,
+             "max_retrieval_tokens": 0, "max_passage_tokens": 1, "max_history_tokens": 0, "summary_input_tokens": 1,
              "overlap": 0, "bm25_top_k": 1, "dense_top_k": 1, "rrf_k": 0,
              "rerank_candidates": 1, "max_subqueries": 1}
 

@@ -178,7 +178,8 @@ class HistoryFit:
     older_turns: int = 0  # the turns before them that did not fit
     older_tokens: int = 0
     summary: str = ""  # the generator's summary of the older turns; "" when they were dropped
-    summary_tokens: int = 0
+    summary_tokens: int = 0  # the summary turn as rendered, template tokens included
+    summarized_turns: int = 0  # the newest older turns the summary covers; those before them were dropped
 
     @property
     def dropped(self) -> bool:

@@ -16,6 +16,7 @@ from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
 from rigkit.trace import Hit
 
 ANSWER = "The Eiffel Tower is 330 metres tall and stands in Paris."
+SUMMARY = "We talked about the Eiffel Tower."  # every helper call's reply (a history summary)
 HITS = [Hit("c1", "d1", "Eiffel Tower", "The Eiffel Tower is 330 metres tall and stands in Paris.", 1.0)]
 
 
@@ -36,6 +37,10 @@ class SlowScript(ScriptedGenerator):
             if on_token is not None:
                 on_token(token)
         return segment
+
+    def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
+        self.helper_prompts.append(prompt)
+        return SUMMARY
 
 
 def main(argv: list[str]) -> int:

@@ -46,6 +46,7 @@ class ContextManager:
         self.count_tokens = count_tokens
         self.render_chat = render_chat
         self.context_limit = context_limit
+        self._overhead: int | None = None  # the template's tokens per earlier turn, measured once
         # the tag vocabulary: passages are neutralised against it always; when the run uses
         # markers it also sets the system prompt, the stop rule and where passages go
         self.protocol = protocol or resolve_protocol(config.marker_protocol, config.marker_tag)
@@ -231,5 +232,17 @@ class ContextManager:
 
     def _bounded_history(self, history: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], HistoryFit | None]:
         """The most recent earlier turns within `max_history_tokens`, older ones summarised or dropped."""
+        if not history:
+            return [], None
         return fit_history(list(history), self.config.max_history_tokens, self.count_tokens,
-                           self.summarizer, self.language)
+                           self.summarizer, self.language, self._turn_overhead())
+
+    def _turn_overhead(self) -> int:
+        """The chat template's tokens around one earlier user / assistant pair."""
+        if self._overhead is None:
+            system = [{"role": "system", "content": self.system}]
+            pair = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+            both = self.count_tokens(self.render_chat(system + pair, False))
+            alone = self.count_tokens(self.render_chat(system, False))
+            self._overhead = max(0, both - alone - self.count_tokens("a") - self.count_tokens("b"))
+        return self._overhead

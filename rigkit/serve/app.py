@@ -29,6 +29,7 @@ from rigkit.serve.jobs import (
     ClientGone,
     Pipe,
     RequestError,
+    check_history,
     error_body,
     error_of,
     sse,
@@ -98,6 +99,7 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
     async def chat(body: ChatRequest, request: Request) -> Any:
         options = _options(body.options)
         history = [tuple(pair) for pair in body.history]
+        check_history(history)
         if not body.stream:
             job = submit(service, None, lambda job: service.ask(job, body.question, history, options))
             result = await wait_job(request, service, job)

@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from rigkit.serve import openai_compat as oa
-from rigkit.serve.jobs import Pipe, error_of, sse, submit, wait_job
+from rigkit.serve.jobs import Pipe, check_history, error_of, sse, submit, wait_job
 from rigkit.serve.schemas import ChatCompletionRequest
 from rigkit.serve.service import RigService, ToolStep, grounding_summary, round_summary
 from rigkit.trace import RIGResult
@@ -32,6 +32,7 @@ __all__ = ["complete"]
 async def complete(service: RigService, body: ChatCompletionRequest, request: Request) -> Any:
     tools = oa.check_tools(body)
     conversation = oa.parse_messages(body.messages, tools)
+    check_history(conversation.history, "messages")
     options = oa.ask_options(body, tools)
     completion = oa.Completion(body.model or service.model_name)
     stops = body.stop_strings()

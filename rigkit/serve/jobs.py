@@ -12,15 +12,25 @@ from rigkit.errors import InputError
 from rigkit.serve.service import RigService
 from rigkit.serve.worker import Job
 
-__all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "error_of", "RequestError"]
+__all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "error_of", "RequestError",
+           "check_history"]
 
 
 class RequestError(ValueError):
     """A request that is well-typed but unusable; `param` names the field (HTTP 422)."""
 
-    def __init__(self, message: str, param: str, status: int = 422):
+    def __init__(self, message: str, param: str, status: int = 422, code: str | None = None):
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code = param, status, code
+
+
+def check_history(history: list[tuple[str, str]], param: str = "history") -> None:
+    """Refuse (413) a history over the bounds before any model work is queued."""
+    from rigkit.serve.schemas import history_too_large
+
+    problem = history_too_large(history)
+    if problem:
+        raise RequestError(problem, param, status=413, code="history_too_large")
 
 
 class ClientGone(Exception):
@@ -81,5 +91,5 @@ def error_of(err: Exception) -> dict[str, Any]:
     if isinstance(err, InputError):
         return error_body(str(err), param="question")
     if isinstance(err, RequestError):
-        return error_body(str(err), param=err.param)
+        return error_body(str(err), param=err.param, code=err.code)
     return error_body(f"{type(err).__name__}: {err}", kind="server_error")

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from rigkit.errors import InputError
 from rigkit.serve.exposure import not_json
 from rigkit.serve.jobs import error_body, submit, wait_job
-from rigkit.serve.schemas import AskParams, SearchParams, lone_surrogate_at
+from rigkit.serve.schemas import AskParams, SearchParams, history_too_large, lone_surrogate_at
 from rigkit.serve.service import AskOptions, RigService
 from rigkit.serve.worker import Busy, Draining
 
@@ -96,6 +96,9 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
     if method == "rig.ask":
         p = _params(AskParams, params)
         history = [tuple(pair) for pair in p.history]
+        problem = history_too_large(history)
+        if problem:
+            raise _RpcError(INVALID_PARAMS, f"invalid params: {problem}", {"field": "history"})
         options = AskOptions(**p.options.model_dump())
         try:
             job = submit(service, None, lambda job: service.ask(job, p.question, history, options))

@@ -23,8 +23,13 @@ __all__ = [
     "SearchParams",
     "MAX_QUERIES",
     "lone_surrogate_at",
+    "history_too_large",
+    "MAX_HISTORY_TURNS",
+    "MAX_HISTORY_BYTES",
 ]
 
+MAX_HISTORY_TURNS = 256  # earlier (question, answer) pairs in one request
+MAX_HISTORY_BYTES = 262_144  # their text, UTF-8: what one request may make the server tokenise and fit
 MAX_QUERIES = 256  # queries in one /retrieve or rig.search call, so one request cannot hold the searcher long
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # int64: what torch and OpenAI-compatible servers take
 
@@ -42,6 +47,18 @@ def lone_surrogate_at(value: Any, path: str = "") -> str | None:
         found = lone_surrogate_at(item, f"{path}.{key}" if path else str(key))
         if found:
             return found
+    return None
+
+
+def history_too_large(history: list[tuple[str, str]]) -> str | None:
+    """Why `history` is over the bounds one request may bring (answered 413), or None."""
+    if len(history) > MAX_HISTORY_TURNS:
+        return (f"history: {len(history)} earlier turns, over the limit of {MAX_HISTORY_TURNS}; send the "
+                f"newest {MAX_HISTORY_TURNS} (older ones would be summarised or dropped anyway)")
+    size = sum(len(q.encode("utf-8", "surrogatepass")) + len(a.encode("utf-8", "surrogatepass")) for q, a in history)
+    if size > MAX_HISTORY_BYTES:
+        return (f"history: {size} bytes of earlier turns, over the limit of {MAX_HISTORY_BYTES}; "
+                "send fewer or shorter turns")
     return None
 
 

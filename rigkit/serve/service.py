@@ -37,7 +37,7 @@ from rigkit.controller import RoundCallback
 from rigkit.generation.protocol import SupportsReset
 from rigkit.serve.searcher import SharedSearcher
 from rigkit.serve.worker import Job, ModelWorker
-from rigkit.streaming import StreamEvent, TokenStream
+from rigkit.streaming import Cancelled, StreamEvent, TokenStream
 from rigkit.trace import Hit, RIGResult, RoundTrace, Segment
 
 __all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "ToolCallNeeded", "round_summary"]
@@ -182,7 +182,7 @@ class RigService:
         """Server-side RIG: one controller run; events are sent as they happen."""
         generator = self.generator_of(job.slot)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
-        controller = self._controller(options, callbacks, generator=generator)
+        controller = self._controller(options, callbacks, generator=generator, stop=_stop_check(job))
         with _sampling(generator, options):
             return controller.run(question, history=history)
 
@@ -209,7 +209,8 @@ class RigService:
         generator = _ReplayGenerator(own, recorded)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
         tool_results = _ToolResults([self._tool_hits(r) for r in rounds])
-        controller = self._controller(options, callbacks, generator=generator, retriever=tool_results)
+        controller = self._controller(options, callbacks, generator=generator, retriever=tool_results,
+                                      stop=_stop_check(job))
         needs = _PerNeedQueries(controller.query_builder)
         controller.query_builder, tool_results.needs = needs, needs.queries
         try:
@@ -233,7 +234,8 @@ class RigService:
             callbacks.append(_RoundSink(on_round))
         return stream, callbacks
 
-    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any, retriever: Any = None):
+    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any, retriever: Any = None,
+                    stop: Callable[[], None] | None = None):
         from rigkit.build import build_controller
 
         config = self.config
@@ -245,10 +247,14 @@ class RigService:
             retrieval={"top_k": options.top_k},
             decider={"threshold": options.threshold},
         )
-        return build_controller(
+        controller = build_controller(
             config, generator=generator, retriever=retriever or self.retriever,
             callbacks=callbacks,
         )
+        summarizer = controller.context.summarizer
+        if summarizer is not None and stop is not None:
+            summarizer.check_stop = stop  # a client gone before the summary is asked for costs no model call
+        return controller
 
     def _tool_hits(self, tool_round: ToolRound) -> list[Hit]:
         """The client's results as passages, each capped with a visible truncation note."""
@@ -278,6 +284,16 @@ class RigService:
                 self._pending[call_id] = (question, list(segments))
             while len(self._pending) > 256:  # old pending turns are replayed by generating again
                 self._pending.popitem(last=False)
+
+
+def _stop_check(job: Job) -> Callable[[], None]:
+    """Raises `Cancelled` once the job's client has gone away."""
+
+    def check() -> None:
+        if job.cancelled.is_set():
+            raise Cancelled("the client went away")
+
+    return check
 
 
 def grounding_summary(result: RIGResult) -> dict[str, Any]:
