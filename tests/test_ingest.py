@@ -186,6 +186,31 @@ def test_html_drops_navigation_and_footer_and_keeps_the_table(chunks):
     assert "| Room | Seats |\n| Aurora | 12 |\n| Borealis | 6 |" in rooms[0].text
 
 
+SMALL_PAGES = {
+    "faq.html": """<html><head><title>Narwhal FAQ</title></head><body>
+<header>Sea Life Site</header><nav>Home | About</nav>
+<main><h1>Narwhal FAQ</h1><p>The narwhal's tusk is a tooth.</p></main>
+<aside>Related: walrus pages</aside><footer>Copyright Sea Life</footer></body></html>""",
+    "roles.html": """<html><head><title>Walrus</title></head><body>
+<div role="navigation">Menu: seals, whales</div><div role="banner">Banner slogan</div>
+<article><header><h1>Walrus</h1></header><p>A walrus weighs up to 1.5 tonnes.</p></article>
+<div role="contentinfo">Imprint and privacy</div></body></html>""",
+    "zh.html": """<html><head><title>独角鲸</title></head><body><nav>首页 | 关于我们</nav>
+<main><p>独角鲸的长牙其实是一颗牙齿。</p></main><footer>版权所有</footer></body></html>""",
+}
+
+
+def test_small_pages_lose_their_nav_header_footer_and_aside(tmp_path, tokenizer):
+    for name, page in SMALL_PAGES.items():
+        (tmp_path / name).write_text(page, encoding="utf-8")
+    pages = chunk_documents(read_files(tmp_path).documents, tokenizer, chunk_size=256, overlap=0)
+    text = {s: " ".join(c.text for c in pages if c.metadata["source"] == s) for s in SMALL_PAGES}
+    assert text["faq.html"] == "The narwhal's tusk is a tooth."
+    assert text["roles.html"] == "A walrus weighs up to 1.5 tonnes."
+    assert text["zh.html"] == "独角鲸的长牙其实是一颗牙齿。"
+    assert {c.title for c in pages} == {"Narwhal FAQ", "Walrus", "独角鲸"}
+
+
 def test_a_table_larger_than_a_chunk_is_split_by_rows_with_its_header(tokenizer):
     rows = [["Part number", "Description"]] + [[f"P-{i:03d}", f"spare part number {i} for the pump"]
                                                for i in range(80)]

@@ -3,6 +3,8 @@
 trafilatura's XML output keeps the structure this reader needs: `<head rend="hN">` headings
 (which start sections), paragraphs, `<list>` items and `<table>` rows with their header cells,
 so tables and lists reach the chunker whole. It needs `lxml_html_clean` installed beside it.
+Page chrome (nav, aside, and a header or footer outside the article) is removed before
+extraction: on small pages trafilatura falls back to keeping all text, chrome included.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def read_html(data: bytes, name: str) -> list[Document]:
     if b"\0" in data[:8192]:
         raise CorpusError(f"{name}: binary data, not HTML")
     xml = trafilatura.extract(
-        data, output_format="xml", include_tables=True, include_comments=False,
+        _without_chrome(data), output_format="xml", include_tables=True, include_comments=False,
         include_links=False, include_formatting=False, with_metadata=True,
     )
     if not xml:
@@ -32,6 +34,24 @@ def read_html(data: bytes, name: str) -> list[Document]:
     if not blocks:
         raise CorpusError(f"{name}: no readable text in the page")
     return [Document.from_blocks(name, (root.get("title") or "").strip() or Path(name).stem, blocks)]
+
+
+_CHROME = ("//nav | //aside | //*[@role='navigation' or @role='complementary' or @role='banner'"
+           " or @role='contentinfo'] | //header[not(ancestor::article or ancestor::main)]"
+           " | //footer[not(ancestor::article or ancestor::main)]")
+
+
+def _without_chrome(data: bytes):
+    """The parsed page less its navigation, asides and site header and footer."""
+    from trafilatura.utils import load_html  # detects the encoding as extract() would
+
+    tree = load_html(data)
+    if tree is None:
+        return data  # let extract() judge what cannot be parsed
+    for element in tree.xpath(_CHROME):
+        if element.getparent() is not None:
+            element.drop_tree()
+    return tree
 
 
 def _blocks(main) -> list[Block]:
