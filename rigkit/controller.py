@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from rigkit.callbacks import Observers, RoundCallback
 from rigkit.citations import written_with
 from rigkit.config import ControllerConfig, GeneratorConfig
 from rigkit.context import ContextManager
@@ -27,46 +28,22 @@ from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
 from rigkit.retrieval.hybrid import search_queries
 from rigkit.text import check_question, strip_citations
-from rigkit.trace import Action, Hit, Injection, RIGResult, RoundTrace, Segment
+from rigkit.trace import (
+    Action,
+    ContextOp,
+    Hit,
+    Injection,
+    RIGResult,
+    RoundTrace,
+    RunState,
+    SearchRequest,
+    Segment,
+)
 from rigkit.transcript import StopRule
 
-__all__ = ["RIGController", "RoundCallback"]
+__all__ = ["RIGController", "Run", "RoundCallback"]
 
 STAGES = ("generate", "decide", "query", "retrieve", "inject")
-
-
-class RoundCallback:
-    """Observers (notebook widgets, loggers, token streams) override the events they need.
-
-    `on_token` receives each token's text as the model writes it, tentatively: a segment may
-    still be regenerated or trimmed; `rigkit.streaming.TokenStream` turns it into answer text.
-    An object that does not subclass this and has only some of the methods works too.
-    """
-
-    def on_round_start(self, index: int, state: DecisionState) -> None:
-        """Before a round's segment is written; `state` is what the decider will see."""
-
-    def on_token(self, text: str) -> None:
-        """One token's text, as it is written."""
-
-    def on_round_end(self, round_trace: RoundTrace) -> None:
-        """After a round, with its full record."""
-
-
-@dataclass
-class _Run:
-    """Mutable bookkeeping of one question."""
-
-    question: str
-    observers: _Observers
-    rounds: list[RoundTrace] = field(default_factory=list)
-    retrievals: int = 0
-    tokens_since_retrieval: int = 0
-    generated: int = 0
-    low_confidence: bool = False
-    pending: Segment | None = None  # the flagged segment of the last "regenerate"
-    done: bool = False  # the answer is complete (a restored segment had ended the turn)
-    started: float = field(default_factory=time.perf_counter)
 
 
 class RIGController:
@@ -111,33 +88,40 @@ class RIGController:
         assert self.last_result is not None
         return self.last_result
 
-    # -- the loop ------------------------------------------------------------------------------
     def stream(
         self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = ()
     ) -> Iterator[RoundTrace]:
         """Yield one `RoundTrace` per round as it happens; the result is then `last_result`."""
+        self.last_result = None
+        run = self.start(question, passages, history)
+        while (step := run.step()) is not None:
+            if isinstance(step, SearchRequest):
+                run.search(self.retriever)  # the loop's own retriever answers its pauses
+            else:
+                yield step
+        self.last_result = run.result
+
+    def start(self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = ()) -> Run:
+        """A `Run` of `question`, stepped by its caller; it pauses at each search (see `Run`)."""
         self._check_question(question)
         if isinstance(self.generator, SupportsReset):
             self.generator.reset(self.generation.seed)
         self.context.start(question, passages, history)
-        run = _Run(question, _Observers(self.callbacks), retrievals=1 if passages else 0)
-        self.last_result = None
-        while run.generated < self.generation.max_answer_tokens:
-            trace = self._round(run)
-            run.rounds.append(trace)
-            run.observers.on_round_end(trace)
-            yield trace
-            if not _goes_on(run, trace):
-                break
-        self.last_result = self._result(run)
+        return Run(self, question, list(passages), [tuple(t) for t in history])
 
-    def _round(self, run: _Run) -> RoundTrace:
-        """One segment, the decider's verdict on it, and what the loop then does with it."""
+    def restore(self, state: RunState | str) -> Run:
+        """A run saved with `Run.state()` (or its JSON), rebuilt over this controller's parts: the
+        context is rebuilt from the run's log, no model call."""
+        return Run.restore(self, RunState.from_json(state) if isinstance(state, str) else state)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _round(self, run: Run) -> RoundTrace | SearchRequest:
+        """One segment and the decider's verdict on it; a search pauses the round (`_searched`)."""
         state = self._decision_state(run)
         run.observers.on_round_start(len(run.rounds), state)
         timings = dict.fromkeys(STAGES, 0.0)
         with _timer(timings, "generate"):
-            segment, evicted = self._generate(run)
+            segment = self._generate(run)
         run.generated += len(segment.token_ids)
         run.tokens_since_retrieval += len(segment.token_ids)
         state.tokens_since_retrieval = run.tokens_since_retrieval
@@ -149,55 +133,71 @@ class RIGController:
         if run.pending is not None and segment.finished and not segment.text.strip():
             self._restore(run, trace)
         elif not decision.retrieve:
-            self.context.accept(segment)
+            run._accept(segment)
         elif self._cannot_retrieve(run, segment):
             self._skip(run, trace)
         else:
-            self._retrieve(run, trace, state)
-        run.pending = segment if trace.action is Action.REGENERATE else None
-        self._record_context(run, trace, evicted)
-        return trace
+            return self._search_request(run, trace, state)
+        return self._end_round(run, trace)
 
-    def _retrieve(self, run: _Run, trace: RoundTrace, state: DecisionState) -> None:
-        """Search for what the segment lacks, inject the hits; keep it or write it again."""
-        segment, timings = trace.segment, trace.timings
+    def _search_request(self, run: Run, trace: RoundTrace, state: DecisionState) -> RoundTrace | SearchRequest:
+        """What to search for the segment's gap: the loop pauses here until hits come back."""
         try:
-            with _timer(timings, "query"):
-                trace.query = self.query_builder.build(run.question, state.draft + segment.text, trace.decision, state)
-            with _timer(timings, "retrieve"):
-                # several sub-queries: one batched search where possible, merged by RRF
-                trace.hits = search_queries(self.retriever, trace.query.searches, self.top_k)
+            with _timer(trace.timings, "query"):
+                trace.query = self.query_builder.build(run.question, state.draft + trace.segment.text,
+                                                       trace.decision, state)
         except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
-            # recorded in the round and the result; it is not a retrieval, so it spends no round
-            trace.error = f"{type(err).__name__}: {err}"
-            trace.hits = []
-            self.context.accept(segment)
-            return
+            return self._searched(run, trace, error=err)
+        request = SearchRequest(id=uuid.uuid4().hex[:12], round=trace.index, queries=trace.query.searches,
+                                top_k=self.top_k, query=trace.query, question=run.question,
+                                draft=state.draft + trace.segment.text)
+        run.paused = (request, trace)
+        return request
+
+    def _searched(self, run: Run, trace: RoundTrace, hits: Sequence[Hit] = (),
+                  error: Exception | None = None) -> RoundTrace:
+        """The paused round goes on with its hits: inject them, keep the segment or write it again."""
+        segment = trace.segment
+        if error is not None:  # recorded in the round and the result; not a retrieval, so no round spent
+            trace.error, trace.hits = f"{type(error).__name__}: {error}", []
+            run._accept(segment)
+            return self._end_round(run, trace)
+        trace.hits = list(hits)
         run.retrievals += 1
         run.tokens_since_retrieval = 0
         regenerate = self.policy == "regenerate"
         if not regenerate:
-            self.context.accept(segment)  # the segment (e.g. its marker) stays; passages follow
-        with _timer(timings, "inject"):
-            trace.injection = self.context.inject(trace.hits) if trace.hits else Injection()
+            run._accept(segment)  # the segment (e.g. its marker) stays; passages follow
+        with _timer(trace.timings, "inject"):
+            trace.injection = run._inject(trace.hits) if trace.hits else Injection()
         if regenerate and not trace.injection.added:
-            self.context.accept(segment)  # nothing new to read: regenerating would repeat it
+            run._accept(segment)  # nothing new to read: regenerating would repeat it
             regenerate = False
         trace.action = Action.REGENERATE if regenerate else Action.CONTINUE
         if regenerate:
             run.generated -= len(segment.token_ids)
+        return self._end_round(run, trace)
+
+    def _end_round(self, run: Run, trace: RoundTrace) -> RoundTrace:
+        """The round's record completed and told to the observers; whether another follows."""
+        run.pending = trace.segment if trace.action is Action.REGENERATE else None
+        self._record_context(run, trace)
+        run.rounds.append(trace)
+        run.observers.on_round_end(trace)
+        run.goes_on = _goes_on(run, trace)
+        return trace
 
     # -- the steps around it -------------------------------------------------------------------
-    def _generate(self, run: _Run) -> tuple[Segment, list[str]]:
-        """The next segment, and the passages evicted first to fit it in the model's context."""
+    def _generate(self, run: Run) -> Segment:
+        """The next segment; passages are evicted first (`run.evicted`) to fit it in the context."""
         budget = min(self.generation.max_segment_tokens, self.generation.max_answer_tokens - run.generated)
-        evicted = self.context.fit(budget)  # the model's context limit holds; refuses if it cannot
+        run.evicted = run._fit(budget)  # the model's context limit holds; refuses if it cannot
         segment = self.generator.next_segment(self.context.pieces(), self.stop, budget,
                                               on_token=run.observers.token_sink)
         segment.context_ids = [h.chunk_id for h in self.context.passages]  # all it may cite
-        return segment, evicted
+        return segment
 
-    def _decision_state(self, run: _Run) -> DecisionState:
+    def _decision_state(self, run: Run) -> DecisionState:
         """What the decider (and `on_round_start`) sees before this round's segment."""
         state = DecisionState(
             question=run.question,
@@ -213,32 +213,32 @@ class RIGController:
             state.last_query, state.last_hits = last.query, list(last.hits)
         return state
 
-    def _restore(self, run: _Run, trace: RoundTrace) -> None:
+    def _restore(self, run: Run, trace: RoundTrace) -> None:
         """The rewrite after the passages came back empty at end of turn: keep the set-aside one.
 
         Small models sometimes end the turn right after the passages; rather than lose the
         sentence, keep the flagged one and let the model go on from it.
         """
         assert run.pending is not None
-        self.context.accept(run.pending)
+        run._accept(run.pending)
         run.generated += len(run.pending.token_ids)
         run.done = run.pending.finished
         trace.action = Action.RESTORE
 
-    def _cannot_retrieve(self, run: _Run, segment: Segment) -> bool:
+    def _cannot_retrieve(self, run: Run, segment: Segment) -> bool:
         """No retrieval rounds left, or no answer tokens left to read passages with."""
         return (run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished
                 or self.policy == "continue" and run.generated >= self.generation.max_answer_tokens)
 
-    def _skip(self, run: _Run, trace: RoundTrace) -> None:
+    def _skip(self, run: Run, trace: RoundTrace) -> None:
         """The decider fired but retrieval cannot help now: keep the segment, finish from context."""
         run.low_confidence = run.retrievals >= self.config.max_rounds
         trace.action = Action.SKIP
-        self.context.accept(trace.segment)
+        run._accept(trace.segment)
 
-    def _record_context(self, run: _Run, trace: RoundTrace, evicted: list[str]) -> None:
+    def _record_context(self, run: Run, trace: RoundTrace) -> None:
         """The round's evictions, token budget, answer so far and retrieval count."""
-        if evicted:  # passages evicted before this segment to fit the model's context
+        if evicted := run.evicted:  # passages evicted before this segment to fit the model's context
             trace.injection = trace.injection or Injection()
             trace.injection.evicted = evicted + trace.injection.evicted
         trace.budget = self.context.budget()
@@ -246,7 +246,7 @@ class RIGController:
         trace.retrieval_round = run.retrievals
 
     # -- the result ----------------------------------------------------------------------------
-    def _result(self, run: _Run) -> RIGResult:
+    def _result(self, run: Run) -> RIGResult:
         totals = {stage: sum(r.timings.get(stage, 0.0) for r in run.rounds) for stage in STAGES}
         totals["total"] = time.perf_counter() - run.started
         prefilled = sum(r.tokens_prefilled for r in run.rounds)
@@ -297,7 +297,123 @@ class RIGController:
             )
 
 
-def _goes_on(run: _Run, trace: RoundTrace) -> bool:
+
+class Run:
+    """One question in progress, stepped by its caller.
+
+    `step()` returns the next `RoundTrace`; where the decider wants a search it returns a
+    `SearchRequest` instead, and the loop waits until the hits come: `resume(request.id, hits)`
+    (a notebook cell, an HTTP client's tool result) or `search(retriever)`. It returns None once
+    the answer is complete, in `result`. `state()` saves the run, paused or not, as a `RunState`
+    (JSON) and `RIGController.restore` rebuilds it from the context operations logged here.
+    """
+
+    def __init__(self, controller: RIGController, question: str, passages: list[Hit], history: list[tuple[str, str]]):
+        self.controller, self.question, self.given, self.history = controller, question, passages, history
+        self.rounds: list[RoundTrace] = []
+        self.retrievals = 1 if passages else 0
+        self.tokens_since_retrieval = 0
+        self.generated = 0
+        self.low_confidence = False
+        self.pending: Segment | None = None  # the flagged segment of the last "regenerate"
+        self.done = False  # the answer is complete (a restored segment had ended the turn)
+        self.goes_on = True  # another round follows the last one
+        self.evicted: list[str] = []  # passages evicted to fit the last segment
+        self.paused: tuple[SearchRequest, RoundTrace] | None = None  # the search waited on, its round
+        self.log: list[ContextOp] = []
+        self.result: RIGResult | None = None
+        self.started = time.perf_counter()
+        self.observers = Observers(controller.callbacks)
+
+    @property
+    def request(self) -> SearchRequest | None:
+        """The search the run waits on; None when it is not paused."""
+        return self.paused[0] if self.paused else None
+
+    def step(self) -> RoundTrace | SearchRequest | None:
+        """The next round, the search it waits on, or None once `result` is ready."""
+        if self.paused is not None:
+            return self.paused[0]
+        if self.result is None and (not self.goes_on or self.generated >= self.controller.generation.max_answer_tokens):
+            self.result = self.controller._result(self)
+        if self.result is not None:
+            return None
+        self.observers = Observers(self.controller.callbacks)  # a resumed run may have new listeners
+        return self.controller._round(self)
+
+    def resume(self, request_id: str, hits: Sequence[Hit | str]) -> RoundTrace:
+        """The paused round goes on with `hits` (a text is a passage of its own); returns the round."""
+        request, trace = self._waiting(request_id)
+        return self.controller._searched(self, trace, [_as_hit(h, request, i) for i, h in enumerate(hits)])
+
+    def search(self, retriever: Retriever) -> RoundTrace:
+        """The paused round's searches run on `retriever` (one batched call, merged by RRF)."""
+        request, trace = self._waiting(None)
+        try:
+            with _timer(trace.timings, "retrieve"):
+                hits = search_queries(retriever, request.queries, request.top_k)
+        except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
+            return self.controller._searched(self, trace, error=err)
+        return self.controller._searched(self, trace, hits)
+
+    def state(self) -> RunState:
+        """What `RIGController.restore` needs to go on from here."""
+        request, waiting = self.paused or (None, None)
+        counters = {"retrievals": self.retrievals, "tokens_since_retrieval": self.tokens_since_retrieval,
+                    "generated": self.generated, "low_confidence": self.low_confidence, "done": self.done,
+                    "goes_on": self.goes_on}
+        return RunState(self.question, list(self.given), [list(t) for t in self.history], list(self.rounds),
+                        request, waiting, counters, self.pending, list(self.evicted), list(self.log))
+
+    @classmethod
+    def restore(cls, controller: RIGController, state: RunState) -> Run:
+        run = controller.start(state.question, state.passages, [(q, a) for q, a in state.history])
+        for op in state.log:
+            if op.op == "fit":
+                run._fit(op.reserve)
+            elif op.op == "accept" and op.segment is not None:
+                run._accept(op.segment)
+            elif op.op == "inject":
+                run._inject(op.hits)
+        run.rounds, run.pending, run.evicted = list(state.rounds), state.pending, list(state.evicted)
+        for name, value in state.counters.items():
+            setattr(run, name, value)
+        run.paused = (state.request, state.waiting) if state.request and state.waiting else None
+        return run
+
+    def _waiting(self, request_id: str | None) -> tuple[SearchRequest, RoundTrace]:
+        if self.paused is None:
+            raise InputError("this run is not waiting for a search: call step() until it returns a SearchRequest")
+        request, trace = self.paused
+        if request_id is not None and request_id != request.id:
+            raise InputError(f"these hits answer search {request_id!r}, but the run waits on search "
+                             f"{request.id!r} (round {request.round}: {'; '.join(request.queries)!r})")
+        self.paused = None
+        return request, trace
+
+    # the context's operations, logged so a saved run rebuilds its context exactly
+    def _fit(self, reserve: int) -> list[str]:
+        self.log.append(ContextOp("fit", reserve=reserve))
+        return self.controller.context.fit(reserve)
+
+    def _accept(self, segment: Segment) -> None:
+        self.log.append(ContextOp("accept", segment=segment))
+        self.controller.context.accept(segment)
+
+    def _inject(self, hits: Sequence[Hit]) -> Injection:
+        self.log.append(ContextOp("inject", hits=list(hits)))
+        return self.controller.context.inject(hits)
+
+
+def _as_hit(hit: Hit | str, request: SearchRequest, i: int) -> Hit:
+    """A supplied hit; a plain text becomes a passage named after the search it answers."""
+    if isinstance(hit, Hit):
+        return hit
+    name = f"{request.id}-{i + 1}"
+    return Hit(chunk_id=name, doc_id=name, title=request.query.text, text=str(hit), score=1.0)
+
+
+def _goes_on(run: Run, trace: RoundTrace) -> bool:
     """Whether another round follows `trace`."""
     if run.done:
         return False
@@ -317,41 +433,6 @@ def _accepted_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
         elif r.action is Action.RESTORE and i > 0:
             kept.append(rounds[i - 1].segment)
     return kept
-
-
-class _Observers(RoundCallback):
-    """A run's callbacks as one: each event goes to every callback that has a method for it.
-
-    Gathered when a run starts, so callbacks appended to `controller.callbacks` since are seen,
-    and an object with only some of the methods (not a `RoundCallback`) is still welcome.
-    """
-
-    def __init__(self, callbacks: Sequence[Any]):
-        self.starts = _handlers(callbacks, "on_round_start")
-        self.tokens = _handlers(callbacks, "on_token")
-        self.ends = _handlers(callbacks, "on_round_end")
-
-    def on_round_start(self, index: int, state: DecisionState) -> None:
-        for handler in self.starts:
-            handler(index, state)
-
-    def on_token(self, text: str) -> None:
-        for handler in self.tokens:
-            handler(text)
-
-    def on_round_end(self, round_trace: RoundTrace) -> None:
-        for handler in self.ends:
-            handler(round_trace)
-
-    @property
-    def token_sink(self) -> Callable[[str], None] | None:
-        """The generator's `on_token`: None when nobody listens, so no streamer runs."""
-        return self.on_token if self.tokens else None
-
-
-def _handlers(callbacks: Sequence[Any], event: str) -> list[Callable[..., None]]:
-    """Each callback's `event` method; a plain object without one is left out of that event."""
-    return [getattr(c, event) for c in callbacks if hasattr(c, event)]
 
 
 class _timer:

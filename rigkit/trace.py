@@ -33,6 +33,10 @@ __all__ = [
     "Suspicion",
     "RemovedCitation",
     "RIGResult",
+    "SearchRequest",
+    "ContextOp",
+    "RunState",
+    "round_from_dict",
 ]
 
 # 2: segments record the passages they could see; results record per-sentence attributions.
@@ -312,7 +316,7 @@ class RIGResult:
                 f"trace version {data['version']} is newer than this rigkit ({TRACE_VERSION})"
             )
         data = dict(data)
-        data["rounds"] = [_round_from_dict(r) for r in data.get("rounds", [])]
+        data["rounds"] = [round_from_dict(r) for r in data.get("rounds", [])]
         data["passages"] = [Hit(**h) for h in data.get("passages", [])]
         data["attributions"] = [Attribution(**a) for a in data.get("attributions", [])]
         data["upfront"] = Injection(**data["upfront"]) if data.get("upfront") else None
@@ -326,7 +330,75 @@ class RIGResult:
         return cls.from_dict(json.loads(text))
 
 
-def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
+@dataclass
+class SearchRequest:
+    """Where a run paused: the searches its round needs (each `top_k` deep, merged by RRF).
+
+    The hits come back through `Run.resume(id, hits)`; `draft` is the answer so far with the
+    flagged segment, `query` how the searches were built."""
+
+    id: str
+    round: int
+    queries: list[str]
+    top_k: int
+    query: Query
+    question: str = ""
+    draft: str = ""
+
+
+@dataclass
+class ContextOp:
+    """One change a run made to its context: `fit` (room for `reserve` tokens), `accept` a segment,
+    `inject` hits. A saved run's context is rebuilt by doing them again, in order."""
+
+    op: str
+    reserve: int = 0
+    segment: Segment | None = None
+    hits: list[Hit] = field(default_factory=list)
+
+
+@dataclass
+class RunState:
+    """A run in progress, paused at a search or between rounds: saved as JSON, restored by
+    `RIGController.restore` over the same parts (the log rebuilds the context; no model call)."""
+
+    question: str
+    passages: list[Hit] = field(default_factory=list)  # given before the question (plain RAG)
+    history: list[list[str]] = field(default_factory=list)  # earlier (question, answer) turns
+    rounds: list[RoundTrace] = field(default_factory=list)
+    request: SearchRequest | None = None  # the search it waits on
+    waiting: RoundTrace | None = None  # the round that asked for it, finished once the hits come
+    counters: dict[str, Any] = field(default_factory=dict)  # retrievals, generated, ... (the loop's)
+    pending: Segment | None = None  # a segment set aside to be written again
+    evicted: list[str] = field(default_factory=list)
+    log: list[ContextOp] = field(default_factory=list)
+    version: int = TRACE_VERSION
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        if data.get("version", TRACE_VERSION) > TRACE_VERSION:
+            raise ValueError(f"run state version {data['version']} is newer than this rigkit ({TRACE_VERSION})")
+        data = dict(data)
+        data["passages"] = [Hit(**h) for h in data.get("passages", [])]
+        data["rounds"] = [round_from_dict(r) for r in data.get("rounds", [])]
+        if data.get("request"):
+            data["request"] = SearchRequest(**{**data["request"], "query": Query(**data["request"]["query"])})
+        data["waiting"] = round_from_dict(data["waiting"]) if data.get("waiting") else None
+        data["pending"] = Segment(**data["pending"]) if data.get("pending") else None
+        data["log"] = [ContextOp(op["op"], op.get("reserve", 0), Segment(**op["segment"]) if op.get("segment") else None,
+                                 [Hit(**h) for h in op.get("hits", [])]) for op in data.get("log", [])]
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunState:
+        return cls.from_dict(json.loads(text))
+
+
+def round_from_dict(data: dict[str, Any]) -> RoundTrace:
+    """A `RoundTrace` from its JSON form (`dataclasses.asdict`)."""
     data = dict(data)
     data["segment"] = Segment(**data["segment"])
     decision = dict(data["decision"])

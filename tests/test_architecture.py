@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rigkit"
 UPPER = ("cli", "serve", "widgets", "eval", "trigger", "finetune")  # the commands and their tools
 BUILD = ("build",)
 TEST_KIT = ("testing",)
-CORE = ("controller", "context", "compression", "generation", "retrieval", "deciders", "queries", "trace",
+CORE = ("controller", "callbacks", "context", "compression", "generation", "retrieval", "deciders", "queries", "trace",
         "config", "text", "transcript", "prompts", "citations", "grounding", "markers", "corpus", "readers", "embeddings",
         "files", "errors", "streaming", "datasets", "http")
 # Turning a config into a part: the defining package and rigkit.build call these, nobody else.

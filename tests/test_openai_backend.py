@@ -418,27 +418,6 @@ def test_every_command_loads_its_model_with_the_configs_device_dtype_and_backend
     assert seen[3] == ("tuned", "cuda:1", "bfloat16", "hf")
 
 
-def test_a_replayed_turn_resets_only_a_generator_that_supports_it():
-    from rigkit.generation import SupportsReset
-    from rigkit.serve.service import _ReplayGenerator
-    from rigkit.testing import ScriptedGenerator, make_segment
-
-    class Resettable(ScriptedGenerator):
-        resets = 0
-
-        def reset(self, seed=None):
-            self.resets += 1
-
-    plain = ScriptedGenerator(["It is mit."])
-    assert not isinstance(plain, SupportsReset)
-    _ReplayGenerator(plain, []).reset(0)  # no cache to forget: nothing is called
-    inner = Resettable(["It is mit."])
-    _ReplayGenerator(inner, [make_segment("It is mit.")]).reset(0)
-    assert inner.resets == 0  # a replay keeps the pending turn's cache
-    _ReplayGenerator(inner, []).reset(0)
-    assert inner.resets == 1
-
-
 def test_a_sampled_question_gets_a_seed_per_request_and_each_run_its_own():
     server = Server(["It", " is", "."])
     generator = _generator(server, temperature=0.7, top_p=0.9, seed=0)

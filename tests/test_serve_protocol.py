@@ -216,7 +216,7 @@ def test_client_side_tool_loop_suspends_then_continues_the_same_answer(client, s
     assert final["choices"][0]["finish_reason"] == "stop"
     assert final["choices"][0]["message"]["content"] == (
         f"Paris is the capital of France. The Eiffel Tower is 330 metres tall. [[citation:{call['id']}]]")
-    # the two segments written before the tool call were replayed, not generated again
+    # the two segments written before the tool call are not generated again: the paused run goes on
     assert service.generator.calls - calls_before == 1
 
 

@@ -9,19 +9,12 @@ from typing import Any
 from fastapi import Request
 
 from rigkit.errors import InputError
+from rigkit.serve.schemas import RequestError
 from rigkit.serve.service import RigService
 from rigkit.serve.worker import Job
 
 __all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "error_of", "RequestError",
            "check_history"]
-
-
-class RequestError(ValueError):
-    """A request that is well-typed but unusable; `param` names the field (HTTP 422)."""
-
-    def __init__(self, message: str, param: str, status: int = 422, code: str | None = None):
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
 
 
 def check_history(history: list[tuple[str, str]], param: str = "history") -> None:

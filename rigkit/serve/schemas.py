@@ -26,12 +26,21 @@ __all__ = [
     "history_too_large",
     "MAX_HISTORY_TURNS",
     "MAX_HISTORY_BYTES",
+    "RequestError",
 ]
 
 MAX_HISTORY_TURNS = 256  # earlier (question, answer) pairs in one request
 MAX_HISTORY_BYTES = 262_144  # their text, UTF-8: what one request may make the server tokenise and fit
 MAX_QUERIES = 256  # queries in one /retrieve or rig.search call, so one request cannot hold the searcher long
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # int64: what torch and OpenAI-compatible servers take
+
+
+class RequestError(ValueError):
+    """A request that is well-typed but unusable; `param` names the field (HTTP 422)."""
+
+    def __init__(self, message: str, param: str, status: int = 422, code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
 
 
 def lone_surrogate_at(value: Any, path: str = "") -> str | None:

@@ -9,16 +9,15 @@ concurrent loops share no KV cache or sampling settings; searches take turns on 
 (`rigkit.serve.searcher`). `workers` defaults to the backend's (`rigkit.build.default_concurrency`):
 1 for an in-process model, several for a served one, whose server batches the concurrent calls.
 
-Client-side tools: when a request declares a `search` tool, the retriever of its controller is a
-`_ToolResults` that answers from the `role: "tool"` messages and, when they run out, suspends the
-run with `ToolCallNeeded` (a BaseException, so the loop's per-round error handling does not take
-it for a failed search). A round with several needs (several marker phrases, or several intents
-of a `marker` / `keywords` query builder, which makes its query from them) asks for one search per
-need: one assistant message with several `tool_calls`, whose `role: "tool"` replies are all
-injected before the answer goes on. The client searches and sends the results; the continuation replays the
-segments the suspended run had written (kept here, keyed by the tool call id) without running the
-model, and then generates on. The generator's cache is not reset for a replay, so when no other
-question ran in between, the KV cache of the pending turn is reused for the shared prefix.
+Client-side tools: when a request declares a `search` tool, its run is stepped here
+(`RIGController.start`) and pauses where the decider wants a search (a `SearchRequest`). A round
+with several needs (several marker phrases, or several intents of a `marker` / `keywords` query
+builder, which makes its query from them) asks for one search per need: one assistant message
+with several `tool_calls`. The paused run is kept here under its tool call ids (at most
+`MAX_PAUSED` ids, each for `PAUSED_SECONDS`); the next request, carrying the `role: "tool"`
+results, resumes it with them: nothing written before is generated or replayed again. When the
+paused run is gone (expired, or another server), the results are read as passages given before
+the question and the answer is written afresh.
 """
 
 from __future__ import annotations
@@ -34,13 +33,17 @@ from typing import Any
 
 from rigkit.config import DeciderConfig, RunConfig
 from rigkit.controller import RoundCallback
-from rigkit.generation.protocol import SupportsReset
+from rigkit.serve.schemas import RequestError
 from rigkit.serve.searcher import SharedSearcher
 from rigkit.serve.worker import Job, ModelWorker
 from rigkit.streaming import Cancelled, StreamEvent, TokenStream
-from rigkit.trace import Hit, RIGResult, RoundTrace, Segment
+from rigkit.trace import Hit, RIGResult, RoundTrace, SearchRequest
 
-__all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "ToolCallNeeded", "round_summary"]
+__all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "round_summary", "MAX_PAUSED",
+           "PAUSED_SECONDS"]
+
+MAX_PAUSED = 256  # tool call ids of paused client-tool runs kept; the oldest go first
+PAUSED_SECONDS = 900.0  # how long a paused run waits for its tool results
 
 
 @dataclass(frozen=True)
@@ -88,14 +91,6 @@ class ToolStep:
         return [c.query for c in self.calls]
 
 
-class ToolCallNeeded(BaseException):
-    """Suspends a run where the decider fired: the client runs these searches itself."""
-
-    def __init__(self, queries: Sequence[str]):
-        super().__init__("; ".join(queries))
-        self.queries = list(queries)
-
-
 class RigService:
     """The served run: config, generator, retriever, worker, and the pending tool turns."""
 
@@ -134,8 +129,8 @@ class RigService:
         self.model_name = config.generator.model
         self.tool_result_tokens = tool_result_tokens or config.context.max_passage_tokens
         self.worker = ModelWorker(max_queue, workers)
-        self._pending: OrderedDict[str, tuple[str, list[Segment]]] = OrderedDict()
-        self._pending_lock = threading.Lock()
+        self._paused: OrderedDict[str, tuple[float, str, Any]] = OrderedDict()  # call id -> (when, question, run)
+        self._paused_lock = threading.Lock()
         self.started = int(time.time())
 
     @property
@@ -197,31 +192,53 @@ class RigService:
         on_round: Callable[[RoundTrace], None] | None = None,
         hold: bool = True,
     ) -> ToolStep:
-        """Client-side tools: run until the decider wants a search the client has not done yet."""
-        recorded: list[Segment] = []
-        if rounds:
-            last = rounds[-1].call_ids
-            with self._pending_lock:
-                key = next((c for c in last if c in self._pending), last[0] if last else "")
-                question_then, segments = self._pending.get(key, ("", []))
-            recorded = list(segments) if question_then == question else []
-        own = self.generator_of(job.slot)
-        generator = _ReplayGenerator(own, recorded)
+        """Client-side tools: run until the loop pauses at a search the client has not done yet."""
+        generator = self.generator_of(job.slot)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
-        tool_results = _ToolResults([self._tool_hits(r) for r in rounds])
-        controller = self._controller(options, callbacks, generator=generator, retriever=tool_results,
-                                      stop=_stop_check(job))
-        needs = _PerNeedQueries(controller.query_builder)
-        controller.query_builder, tool_results.needs = needs, needs.queries
-        try:
-            with _sampling(own, options):
-                result = controller.run(question, history=history)
-        except ToolCallNeeded as need:
-            calls = [ToolCall(f"call_{uuid.uuid4().hex[:24]}", q) for q in need.queries]
-            self._remember([c.call_id for c in calls], question, generator.produced)
-            generated = sum(len(s.token_ids) for s in generator.produced)
-            return ToolStep(calls=calls, draft=stream.committed, tokens={"generated": generated})
-        return ToolStep(result=result, draft=stream.committed)
+        run = self._take_paused(question, rounds[-1]) if rounds else None
+        with _sampling(generator, options):
+            if run is None:  # a new question, or its paused run is gone: the results go before it
+                controller = self._controller(options, callbacks, generator=generator, stop=_stop_check(job))
+                controller.query_builder = _PerNeedQueries(controller.query_builder)
+                run = controller.start(question, [h for r in rounds for h in self._tool_hits(r)], history)
+            else:
+                run.controller.generator, run.controller.callbacks = generator, callbacks
+                run.resume(run.request.id, self._tool_hits(rounds[-1]))
+            while (step := run.step()) is not None:
+                if isinstance(step, SearchRequest):
+                    return self._ask_client(run, step, stream.committed)
+        return ToolStep(result=run.result, draft=stream.committed)
+
+    def _ask_client(self, run: Any, request: SearchRequest, draft: str) -> ToolStep:
+        """The paused run kept under its calls' ids: one call per need of the round."""
+        queries = run.controller.query_builder.queries() or request.queries
+        calls = [ToolCall(f"call_{uuid.uuid4().hex[:24]}", q) for q in queries]
+        with self._paused_lock:
+            now = time.monotonic()
+            for call in calls:  # a client may answer the calls of one message in any order
+                self._paused[call.call_id] = (now, run.question, run)
+            while self._paused and (len(self._paused) > MAX_PAUSED
+                                    or now - next(iter(self._paused.values()))[0] > PAUSED_SECONDS):
+                self._paused.popitem(last=False)
+        generated = sum(len(r.segment.token_ids) for r in run.rounds) + len(run.paused[1].segment.token_ids)
+        return ToolStep(calls=calls, draft=draft, tokens={"generated": generated})
+
+    def _take_paused(self, question: str, answered: ToolRound) -> Any:
+        """The paused run the results of `answered` are for (taken: one continuation resumes it)."""
+        with self._paused_lock:
+            found = {id(e[2]): e for c in answered.call_ids if (e := self._paused.get(c)) is not None}
+            if len(found) > 1:
+                raise RequestError("messages: the tool results answer searches of different answers; send the "
+                                   "results of one assistant message's tool calls", "messages")
+            if not found:
+                return None
+            when, asked, run = next(iter(found.values()))
+            if asked != question:
+                raise RequestError(f"messages: tool call {answered.call_ids[0]!r} was asked for another question "
+                                   f"({asked[:80]!r})", "messages")
+            for c in [c for c, e in self._paused.items() if e[2] is run]:
+                del self._paused[c]
+        return None if time.monotonic() - when > PAUSED_SECONDS else run
 
     # -- helpers -------------------------------------------------------------------------------
     def _callbacks(self, job: Job, on_event, on_round, hold: bool) -> tuple[TokenStream, list[Any]]:
@@ -278,13 +295,6 @@ class RigService:
             lo, hi = (mid, hi) if count(" ".join(words[:mid]) + note) <= limit else (lo, mid - 1)
         return " ".join(words[:lo]) + note
 
-    def _remember(self, call_ids: list[str], question: str, segments: list[Segment]) -> None:
-        with self._pending_lock:
-            for call_id in call_ids:  # a client may answer the calls of one message in any order
-                self._pending[call_id] = (question, list(segments))
-            while len(self._pending) > 256:  # old pending turns are replayed by generating again
-                self._pending.popitem(last=False)
-
 
 def _stop_check(job: Job) -> Callable[[], None]:
     """Raises `Cancelled` once the job's client has gone away."""
@@ -327,22 +337,6 @@ class _RoundSink(RoundCallback):
 
     def on_round_end(self, round_trace: RoundTrace) -> None:
         self.on_round(round_trace)
-
-
-class _ToolResults:
-    """A retriever that answers from the client's tool results, one round (every call of one
-    assistant message) per search, then suspends asking for the searches of `needs()`."""
-
-    name = "client-tools"
-
-    def __init__(self, rounds: list[list[Hit]], needs: Callable[[], list[str]] = lambda: []):
-        self.rounds, self.used, self.needs = rounds, 0, needs
-
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
-        if self.used >= len(self.rounds):
-            raise ToolCallNeeded(self.needs() or [query])
-        self.used += 1
-        return self.rounds[self.used - 1]
 
 
 # Query builders whose query is made from the decision's intents themselves: several intents
@@ -396,30 +390,6 @@ def _needs(decision: Any) -> list[Any]:
                                     spans=[decision.spans[i]] if aligned else list(decision.spans))
                 for i, intent in enumerate(intents)]
     return [decision]
-
-
-class _ReplayGenerator:
-    """Returns recorded segments first (no model call), then the real generator's."""
-
-    def __init__(self, inner: Any, recorded: list[Segment]):
-        self.inner, self.queue = inner, list(recorded)
-        self.produced: list[Segment] = []
-
-    def next_segment(self, prompt, stop, max_new_tokens, on_token=None) -> Segment:
-        if self.queue:
-            segment = dataclasses.replace(self.queue.pop(0))
-        else:
-            segment = self.inner.next_segment(prompt, stop, max_new_tokens, on_token=on_token)
-        self.produced.append(segment)
-        return segment
-
-    def reset(self, seed: int | None = None) -> None:
-        # A replay keeps the cache: the pending turn's prefix is reused when it still matches.
-        if not self.queue and isinstance(self.inner, SupportsReset):
-            self.inner.reset(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 class _sampling:
