@@ -104,10 +104,15 @@ def default_concurrency(config: GeneratorConfig) -> int:
 
 def build_retriever(config: RetrievalConfig | None = None, generator: Generator | None = None) -> Retriever:
     """The retriever `config` describes (`retrieval.mode` picks it from `RETRIEVERS`), reranked
-    when `retrieval.rerank` names a reranker (`upr` scores with `generator`)."""
+    when `retrieval.rerank` names a reranker (`upr` scores with `generator`). With
+    `retrieval.sources`, one such retriever per source behind a router (`rigkit.retrieval.sources`)."""
     from rigkit import retrieval  # looked up at each call, as in build_generator
 
     config = config or RetrievalConfig()
+    if config.sources:
+        from rigkit.retrieval.sources import open_sources
+
+        return open_sources(config, lambda one: build_retriever(one, generator))
     return with_reranker(with_filters(retrieval.open_retriever(config), config), config, generator)
 
 
@@ -124,10 +129,11 @@ def with_reranker(retriever: Retriever, config: RetrievalConfig, generator: Gene
     """`retriever` behind the reranker `config.rerank` names (unchanged for "none" or when it is
     reranked already): `rerank_candidates` hits in, near-duplicates out, `top_k` kept."""
     from rigkit.retrieval.rerank import RerankedRetriever, embedder_of, reranker_from_config
+    from rigkit.retrieval.sources import SourcesRetriever
 
     reranker = reranker_from_config(config, generator)
-    if reranker is None or isinstance(retriever, RerankedRetriever):
-        return retriever
+    if reranker is None or isinstance(retriever, (RerankedRetriever, SourcesRetriever)):
+        return retriever  # a router's sources are reranked each
     return RerankedRetriever(retriever, reranker, config.rerank_candidates, embedder_of(retriever))
 
 

@@ -25,7 +25,8 @@ def source_label(hit: Hit) -> str:
 
     A record of a JSONL file, whose file names no single document, and a hit without a
     `source` (an index built before sources were recorded, a remote server) are named by their
-    title, else their document id."""
+    title, else their document id. A hit from one of several knowledge bases starts with its
+    name: `manuals: pump.pdf p. 3`."""
     meta = hit.metadata or {}
     source = meta.get("source")
     label = source if isinstance(source, str) and hit.doc_id == source else hit.title or hit.doc_id
@@ -33,7 +34,7 @@ def source_label(hit: Hit) -> str:
         label += f" p. {meta['page']}"
     if meta.get("section"):
         label += f" § {meta['section']}"
-    return label
+    return f"{hit.source}: {label}" if hit.source else label
 
 
 def attribute(

@@ -32,6 +32,7 @@ __all__ = [
     "ConfigError",
     "GeneratorConfig",
     "RetrievalConfig",
+    "SourceConfig",
     "DeciderConfig",
     "QueryConfig",
     "ContextConfig",
@@ -80,9 +81,17 @@ class GeneratorConfig:
 
 
 @dataclass(frozen=True)
+class SourceConfig:
+    name: str = ""  # how routing, citations and the widgets name this knowledge base
+    index: str = ""  # its saved index folder, or a retrieval server's /retrieve URL
+    route: str | None = None  # a regular expression (case ignored): a query it matches searches this source alone (the first such source); null = no rule
+
+
+@dataclass(frozen=True)
 class RetrievalConfig:
     corpus: str | None = None  # JSONL or folder; null with no index = the demo corpus
     index: str | None = None  # a saved index folder, or a retrieval server's /retrieve URL
+    sources: tuple[SourceConfig, ...] = ()  # several knowledge bases (then corpus and index stay null), each a retrieval.sources entry (below): a search names its source, or a source's route matches the query, else all are searched and merged by RRF
     mode: str = "hybrid"  # bm25 | dense | hybrid
     top_k: int = 3  # hits handed to the context manager per retrieval
     filters: dict[str, Any] | tuple[str, ...] = field(default_factory=dict)  # metadata filters every search applies: {lang: en, year: {gte: 1990}} or [lang=en, "year>=1990"] (docs/retrieval.md)
@@ -390,7 +399,7 @@ def field_docs(cls: type) -> dict[str, str]:
 def config_reference() -> str:
     """docs/config.md: every key of every section with its type, default and one line."""
     lines = [_REFERENCE_INTRO]
-    for section, cls in _SECTIONS.items():
+    for section, cls in [*_SECTIONS.items(), ("retrieval.sources[]", SourceConfig)]:
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
         defaults = _to_plain(cls())
         lines += [f"## {section}", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
@@ -410,7 +419,7 @@ def _type_text(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         return f"list of {_type_text(args[0])}s"
     if dataclasses.is_dataclass(hint):
-        return "decider section"
+        return "source entry" if hint is SourceConfig else "decider section"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(
         hint, "mapping" if typing.get_origin(hint) is dict else str(hint))
 

@@ -27,6 +27,7 @@ from rigkit.markers import clean_answer
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
 from rigkit.retrieval.hybrid import search_queries
+from rigkit.retrieval.sources import collect_notes
 from rigkit.text import check_question, strip_citations
 from rigkit.trace import (
     Action,
@@ -279,7 +280,7 @@ class RIGController:
             history=self.context.history_fit,
             suspicious=grounded.suspicious,
             removed_citations=grounded.removed,
-            warnings=grounded.warnings,
+            warnings=run.warnings + grounded.warnings,
         )
 
     def _clean(self, text: str) -> str:
@@ -318,6 +319,7 @@ class Run:
         self.pending: Segment | None = None  # the flagged segment of the last "regenerate"
         self.done = False  # the answer is complete (a restored segment had ended the turn)
         self.goes_on = True  # another round follows the last one
+        self.warnings: list[str] = []  # e.g. a knowledge base that did not answer a search
         self.evicted: list[str] = []  # passages evicted to fit the last segment
         self.paused: tuple[SearchRequest, RoundTrace] | None = None  # the search waited on, its round
         self.log: list[ContextOp] = []
@@ -350,8 +352,10 @@ class Run:
         """The paused round's searches run on `retriever` (one batched call, merged by RRF)."""
         request, trace = self._waiting(None)
         try:
-            with _timer(trace.timings, "retrieve"):
-                hits = search_queries(retriever, request.queries, request.top_k)
+            with _timer(trace.timings, "retrieve"), collect_notes() as notes:
+                hits = search_queries(retriever, request.queries, request.top_k,
+                                      source=request.query.source or None)
+            self.warnings += [f"round {trace.index}: {note}" for note in notes]
         except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
             return self.controller._searched(self, trace, error=err)
         return self.controller._searched(self, trace, hits)
@@ -361,7 +365,7 @@ class Run:
         request, waiting = self.paused or (None, None)
         counters = {"retrievals": self.retrievals, "tokens_since_retrieval": self.tokens_since_retrieval,
                     "generated": self.generated, "low_confidence": self.low_confidence, "done": self.done,
-                    "goes_on": self.goes_on}
+                    "goes_on": self.goes_on, "warnings": list(self.warnings)}
         return RunState(self.question, list(self.given), [list(t) for t in self.history], list(self.rounds),
                         request, waiting, counters, self.pending, list(self.evicted), list(self.log))
 

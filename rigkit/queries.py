@@ -223,11 +223,15 @@ class RewriteQuery:
         return Query(text, self.mode, intent, llm_calls=1)
 
 
+_SOURCE_PREFIX = re.compile(r"@([A-Za-z][A-Za-z0-9_.-]{0,63})(?:\s+|$)(.*)", re.DOTALL)
+
+
 class MarkerQuery:
     """The marker's own phrase; too short (< `min_words`) and it falls back to `fallback`.
 
     A phrase with `##` holds several searches (ParallelSearch): up to `max_subqueries` of them
-    become the query's `subqueries`."""
+    become the query's `subqueries`. A phrase that starts with `@name ` names the knowledge base
+    to search (`<retrieve>@manuals pump pressure</retrieve>`): the query's `source`."""
 
     mode = "marker"
 
@@ -242,16 +246,19 @@ class MarkerQuery:
     ) -> Query:
         markers = decision.evidence.get("markers")
         phrases = [m["phrase"] for m in markers if m["phrase"]] if markers else decision.intents
-        phrases = [p.strip() for p in phrases if p.strip()]
+        named = [_SOURCE_PREFIX.match(p.strip()) for p in phrases]
+        source = next((m.group(1) for m in named if m), "")
+        phrases = [(m.group(2) if m else p).strip() for m, p in zip(named, phrases)]
+        phrases = [p for p in phrases if p]
         text = "; ".join(phrases)
         searches: list[str] = []
         if any(split_subqueries(p) != [p] for p in phrases):  # `q1 ## q2`: each is searched
             searches = _distinct([q for p in phrases for q in split_subqueries(p)], self.max_subqueries)
             text = f" {SUBQUERY_SEPARATOR} ".join(searches)
         if count_query_units(" ".join(searches) or text) >= self.min_words:
-            return Query(text, self.mode, text, subqueries=searches if len(searches) > 1 else [])
+            return Query(text, self.mode, text, subqueries=searches if len(searches) > 1 else [], source=source)
         query = self.fallback.build(question, draft, decision, state)
-        query.fallback_from = self.mode
+        query.fallback_from, query.source = self.mode, source
         return query
 
 

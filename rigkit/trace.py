@@ -135,6 +135,9 @@ class Query:
     # several searches for one need (query mode `multi`, a marker's `a ## b`), merged by RRF;
     # `text` then joins them with " ## ". Empty: `text` is the one search (older traces too).
     subqueries: list[str] = field(default_factory=list)
+    # the knowledge base this search names (a marker's `@name`, a tool call's `source`); "": the
+    # run's routing rules decide, else every source is searched (retrieval.sources)
+    source: str = ""
 
     @property
     def searches(self) -> list[str]:
@@ -154,6 +157,7 @@ class Hit:
     ranks: dict[str, int] = field(default_factory=dict)  # retriever name -> 1-based rank
     scores: dict[str, float] = field(default_factory=dict)  # retriever name -> raw score
     metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # the knowledge base it came from (retrieval.sources); "" in a run of one
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rigkit.citations import source_label
 from rigkit.cli import add_config_options, add_rerank_option
+from rigkit.cli.sources import add_source_flags, source_overrides
 from rigkit.config import DeciderConfig, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.trace import RIGResult, RoundTrace
@@ -19,10 +20,7 @@ __all__ = ["register", "format_round", "format_result"]
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ask", help="answer a question with retrieval-interleaved generation")
     p.add_argument("question")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--corpus", help="JSONL or folder of .md/.txt (indexed on first use, cached)")
-    source.add_argument("--index", help="a saved index folder (rigkit index build)")
-    source.add_argument("--retriever", help="a retrieval server's URL, e.g. http://127.0.0.1:8100/retrieve")
+    add_source_flags(p, "a saved index folder (rigkit index build)")
     p.add_argument("--model", help="smollm2-135m-instruct (default), a hub id or a local path")
     p.add_argument("--decider", help="marker|prob|entropy|keyword|classifier|composite|always|every_n|never")
     p.add_argument("--threshold", type=float, help="the decider's threshold")
@@ -95,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
         base = dataclasses.replace(base, decider=DeciderConfig(name=decider))
     config = apply_settings(base, args.settings).override(
         generator=generator_overrides(args),
-        retrieval={"corpus": args.corpus, "index": args.index or args.retriever, "rerank": args.rerank,
-                   "filters": args.filter},
+        retrieval={**source_overrides(args), "rerank": args.rerank, "filters": args.filter},
         decider={"name": decider, "threshold": args.threshold, "trigger_model": args.trigger_model},
         query={"mode": query_mode},
         context={"layout": args.layout, "marker_protocol": args.marker_protocol,
@@ -105,11 +102,12 @@ def run(args: argparse.Namespace) -> int:
     )
     _check_names(config.decider.name, config.query.mode)
     check_decider_params(config.decider)
-    check_index(config.retrieval.index)
+    for index in [config.retrieval.index, *(s.index for s in config.retrieval.sources)]:
+        check_index(index)
     parse_filters(config.retrieval.filters)  # a malformed filter fails now; its keys with the index
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)  # bad file: fail now
     _check_generator(config.generator)
-    for path in (config.retrieval.corpus, config.retrieval.index):
+    for path in (config.retrieval.corpus, config.retrieval.index, *(s.index for s in config.retrieval.sources)):
         if path and not path.startswith(("http://", "https://")) and not Path(path).exists():
             raise InputError(f"not found: {path}")
     out = sys.stderr if args.json else sys.stdout

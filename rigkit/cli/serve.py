@@ -55,13 +55,11 @@ def _seconds(text: str) -> float:
 
 def _common(p: argparse.ArgumentParser) -> None:
     from rigkit.cli import add_config_options
+    from rigkit.cli.sources import add_source_flags
 
     add_config_options(p)
     p.add_argument("--model", help="smollm2-135m-instruct (default), a hub id or a local path")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--corpus", help="JSONL or folder of .md/.txt (indexed on first use, cached)")
-    source.add_argument("--index", help="a saved index folder")
-    source.add_argument("--retriever", help="another retrieval server's URL, e.g. http://host:8100/retrieve")
+    add_source_flags(p)
     p.add_argument("--tool-result-tokens", type=int, help="cap on each tool result shown to the model "
                    "(default: the config's max_passage_tokens)")
 
@@ -69,9 +67,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace):
     """The run config: defaults < --config < --set < --model / --corpus / --index / --retriever."""
     from rigkit.cli import run_config
+    from rigkit.cli.sources import source_overrides
 
-    return run_config(args, generator={"model": args.model},
-                      retrieval={"corpus": args.corpus, "index": args.index or args.retriever})
+    return run_config(args, generator={"model": args.model}, retrieval=source_overrides(args))
 
 
 def _service(args: argparse.Namespace, load_model: bool = True, config=None):

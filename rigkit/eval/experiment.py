@@ -114,7 +114,7 @@ def load_parts(cfg: RunConfig, specs: list, generator: Any = None, retriever: An
         generator = build_generator(cfg.generator)  # backend, device, dtype from the config
     needs_index = any(s.kind != "closed_book" for s in specs)
     if retriever is None and needs_index:
-        if cfg.retrieval.index is None and cfg.retrieval.corpus is None:
+        if cfg.retrieval.index is None and cfg.retrieval.corpus is None and not cfg.retrieval.sources:
             # the retriever would fall back to the demo corpus: wrong passages, silently.
             raise InputError("systems that retrieve need an index: pass --index DIR (build one "
                              "with `rigkit index build`) or set retrieval.index / retrieval.corpus")
@@ -236,8 +236,11 @@ def _evaluate_on_ray(address: str, items: list[QAItem], specs: list, cfg: RunCon
 
 def _absolute_paths(cfg: RunConfig) -> RunConfig:
     """Index and corpus paths that exist here, made absolute (URLs and names are left as they are)."""
-    changes = {key: str(Path(value).resolve()) for key in ("index", "corpus")
-               if (value := getattr(cfg.retrieval, key)) and Path(value).exists()}
+    changes: dict = {key: str(Path(value).resolve()) for key in ("index", "corpus")
+                     if (value := getattr(cfg.retrieval, key)) and Path(value).exists()}
+    if any(Path(s.index).exists() for s in cfg.retrieval.sources):
+        changes["sources"] = [{"name": s.name, "index": str(Path(s.index).resolve()) if Path(s.index).exists()
+                               else s.index, "route": s.route} for s in cfg.retrieval.sources]
     model = cfg.generator.model
     generator = {"model": str(Path(model).resolve())} if model and Path(model).exists() else {}
     return cfg.override(retrieval=changes, generator=generator) if changes or generator else cfg

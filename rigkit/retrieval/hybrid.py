@@ -177,9 +177,17 @@ def fuse_hit_lists(lists: Mapping[str, Sequence[Hit]], top_k: int, rrf_k: int = 
 
 
 def search_queries(retriever: Retriever, queries: Sequence[str], top_k: int,
-                   rrf_k: int = RetrievalConfig.rrf_k) -> list[Hit]:
+                   rrf_k: int = RetrievalConfig.rrf_k, source: str | None = None) -> list[Hit]:
     """The hits for several queries of one need: each retrieved (`search_many` in one call where
-    the retriever has it), lists merged by `fuse_hit_lists` as q1, q2, ... One query: `search`."""
+    the retriever has it), lists merged by `fuse_hit_lists` as q1, q2, ... One query: `search`.
+    `source` names the knowledge base to search (a retriever over `retrieval.sources`)."""
+    if source:
+        if not callable(getattr(retriever, "route", None)):
+            raise InputError(f"the search names the source {source!r}, but this run has one knowledge base "
+                             "(several: --index NAME=PATH / retrieval.sources)")
+        lists = [retriever.search(q, top_k, source=source) for q in queries]
+        return lists[0] if len(lists) == 1 else fuse_hit_lists(
+            {f"q{i}": hits for i, hits in enumerate(lists, start=1)}, top_k, rrf_k)
     if len(queries) == 1:
         return retriever.search(queries[0], top_k)
     many = getattr(retriever, "search_many", None)

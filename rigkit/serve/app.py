@@ -92,7 +92,7 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> dict[str, Any]:
-        hits = await asyncio.to_thread(service.search, body.queries, body.topk, body.filters)
+        hits = await asyncio.to_thread(service.search, body.queries, body.topk, body.filters, body.source)
         return search_result(hits, body.return_scores)  # Search-R1's shape, rigkit's fields beside
 
     @app.post("/chat")

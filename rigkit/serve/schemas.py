@@ -265,6 +265,7 @@ class RetrieveRequest(_Body):
     topk: int = Field(3, ge=1, le=100)
     return_scores: bool = False  # Search-R1's flag: each hit as {"document": ..., "score": s}
     filters: FilterSpec = None  # rigkit's: only chunks whose metadata passes (docs/retrieval.md)
+    source: str | None = Field(None, max_length=64)  # rigkit's: the knowledge base to search (retrieval.sources)
 
     _check_queries = field_validator("queries")(_queries_asked)
     _check_filters = field_validator("filters")(_filters_given)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rigkit.errors import InputError
 from rigkit.retrieval.filters import accepts_filters, check_accepts, parse_filters
 from rigkit.trace import Hit
 
@@ -66,21 +67,31 @@ class SharedSearcher:
         self.inner, self.slice_size = inner, slice_size
         self.turns = SearchTurns()
         self.name = getattr(inner, "name", type(inner).__name__)
+        if callable(getattr(inner, "route", None)):  # several knowledge bases: searches may name one
+            self.route = inner.route
 
-    def search(self, query: str, top_k: int = 5) -> list[Hit]:
+    def search(self, query: str, top_k: int = 5, **options: Any) -> list[Hit]:
+        """The inner retriever's search; `options` (filters, source) pass through as given."""
         with self.turns.turn(urgent=True):
-            return self.inner.search(query, top_k)
+            return self.inner.search(query, top_k, **options)
 
-    def search_many(self, queries: list[str], top_k: int = 5, filters: Any = None) -> list[list[Hit]]:
+    def search_many(self, queries: list[str], top_k: int = 5, filters: Any = None,
+                    source: str | None = None) -> list[list[Hit]]:
         """Hits per query; `filters` (checked before any turn is taken) reach the retriever
-        only when given, so a retriever without a `filters` parameter serves unfiltered calls."""
+        only when given, so a retriever without a `filters` parameter serves unfiltered calls;
+        `source` names one knowledge base of several (an error for a single one)."""
         filters = parse_filters(filters)
         if filters:
             check_accepts(self.inner)
         many = getattr(self.inner, "search_many", None)  # a remote index takes a batch in one request
         if many is not None and filters and not accepts_filters(many):
             many = None  # a batch method that cannot filter: search query by query
-        extra = {"filters": filters} if filters else {}
+        extra: dict[str, Any] = {"filters": filters} if filters else {}
+        if source:
+            if not callable(getattr(self, "route", None)):
+                raise InputError(f"source {source!r}: this server has one knowledge base")
+            self.inner.route("", source)  # an unknown name fails before any turn is taken
+            many, extra["source"] = None, source
         hits: list[list[Hit]] = []
         for start in range(0, len(queries), self.slice_size):
             part = queries[start:start + self.slice_size]

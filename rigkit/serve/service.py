@@ -158,10 +158,12 @@ class RigService:
         return names
 
     # -- retrieval (no model needed) ----------------------------------------------------------
-    def search(self, queries: Sequence[str], top_k: int, filters: Any = None) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], top_k: int, filters: Any = None,
+               source: str | None = None) -> list[list[Hit]]:
         """Hits per query from the served index (one request for a remote index); `filters`
-        restrict it to chunks whose metadata passes (`rigkit.retrieval.filters`)."""
-        return self.retriever.search_many(list(queries), top_k, filters)
+        restrict it to chunks whose metadata passes (`rigkit.retrieval.filters`), `source` to
+        one knowledge base of several."""
+        return self.retriever.search_many(list(queries), top_k, filters, source=source)
 
     # -- the RIG loop (on the worker thread) --------------------------------------------------
     def ask(
