@@ -155,10 +155,12 @@ def assemble(
     decider: Decider,
     callbacks: Sequence[Any] = (),
     markers: bool = False,
+    query_builder: QueryBuilder | None = None,
 ) -> RIGController:
-    """A controller over ready parts (e.g. a decider of your own); context and query builder
-    come from `config`, `markers` says whether the system prompt teaches the marker protocol."""
-    return _run(config, generator, retriever, decider, callbacks, markers).controller
+    """A controller over ready parts (e.g. a decider of your own); the context and, unless one is
+    given, the query builder come from `config`; `markers` says whether the system prompt teaches
+    the marker protocol."""
+    return _run(config, generator, retriever, decider, callbacks, markers, query_builder).controller
 
 
 def uses_markers(config: RunConfig) -> bool:
@@ -174,10 +176,11 @@ def _run(
     decider: Decider,
     callbacks: Sequence[Any],
     markers: bool,
+    query_builder: QueryBuilder | None = None,
 ) -> Run:
     from rigkit.queries import build_query_builder
 
-    query_builder = build_query_builder(config.query, generator)
+    query_builder = query_builder or build_query_builder(config.query, generator)
     context = ContextManager(
         config.context, generator.count_tokens, generator.render_chat,
         context_limit=generator.context_limit, use_markers=markers,

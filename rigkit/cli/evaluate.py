@@ -18,6 +18,15 @@ systems: closed_book | rag[:K] | rig[:DECIDER[:QUERY_MODE]], each optionally @ap
 Re-running the same command resumes; `rigkit report DIR` rebuilds the report."""
 
 
+LADDER_EXAMPLE = """example (the default model, and the same with the shipped marker adapter):
+  rigkit ladder --qa data/2wikimultihopqa/qa.jsonl --split test --config configs/cpu.yaml \\
+      --set retrieval.corpus=data/2wikimultihopqa/corpus.jsonl --systems rag,rig:prob \\
+      --model smollm2-135m-instruct --model smollm2-135m-instruct+markers --out runs/ladder-2wiki
+
+a served model is one spec: --model model=qwen3:0.6b,backend=openai,base_url=http://127.0.0.1:11434/v1,\\
+tokenizer=Qwen/Qwen3-0.6B,size=0.6 (docs/evaluation.md). `rigkit report DIR` rebuilds the ladder's report."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from rigkit.cli import add_config_options, add_rerank_option
 
@@ -56,6 +65,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "evaluation across machines (join with `rigkit eval-merge`)")
     ev.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     ev.set_defaults(func=_run_eval)
+
+    ld = subparsers.add_parser(
+        "ladder", help="the same systems over several models: one table and one figure against model size",
+        epilog=LADDER_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ld.add_argument("--qa", required=True, help="qa.jsonl of a data set (data/<set>/qa.jsonl)")
+    ld.add_argument("--model", dest="models", action="append", required=True, metavar="SPEC",
+                    help="a rung: a model (name, hub id, path, BASE+ADAPTER) or key=value pairs of generator "
+                         "settings plus label= and size= (billions); repeat for each model")
+    ld.add_argument("--systems", default="closed_book,rag,rig:prob",
+                    help="comma-separated systems, the same on every rung (default: %(default)s)")
+    ld.add_argument("--index", help="saved index folder; default: retrieval.index / corpus of --config")
+    ld.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
+                    help="stored split of the data set (default: %(default)s)")
+    ld.add_argument("--limit", type=int, help="only the first N questions (after --split)")
+    add_config_options(ld, "; shared by every rung")
+    ld.add_argument("--concurrency", type=int, default=None,
+                    help="questions answered at once per rung (default: 1 in-process, 8 served)")
+    ld.add_argument("--out", required=True, help="ladder folder: one rung folder each, ladder.md, ladder.html")
+    ld.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    ld.set_defaults(func=_run_ladder)
 
     mg = subparsers.add_parser("eval-merge", help="join the folders of a sharded `rigkit eval`")
     mg.add_argument("shards", nargs="+", help="the shards' --out folders")
@@ -121,6 +150,28 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_ladder(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_index, check_out, run_config
+    from rigkit.errors import InputError
+    from rigkit.eval.ladder import parse_rungs, run_ladder
+
+    check_out(args.out)
+    parse_rungs(args.models)  # every spec checked before the first model loads
+    for flag, path in (("--qa", args.qa), ("--config", args.config)):
+        if path and not Path(path).exists():
+            raise InputError(f"{flag} {path}: file not found")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise InputError("--concurrency must be at least 1")
+    config = run_config(args)
+    check_index(args.index or config.retrieval.index)
+    path = run_ladder(args.qa, args.out, args.models, args.systems, settings=args.settings, index=args.index,
+                      config=args.config, split=args.split, limit=args.limit, concurrency=args.concurrency,
+                      progress=not args.no_progress)
+    print(path.with_name("ladder.md").read_text(encoding="utf-8"))
+    print(f"rigkit ladder: {path}", file=sys.stderr)
+    return 0
+
+
 def _run_merge(args: argparse.Namespace) -> int:
     from rigkit.cli import check_out
     from rigkit.eval.merge import merge_runs
@@ -144,8 +195,14 @@ def _run_merge(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    from rigkit.eval.ladder import is_ladder, write_ladder_report
     from rigkit.eval.report import write_report
 
+    if is_ladder(args.dir):  # a ladder folder: the ladder's table and figure
+        path = write_ladder_report(args.dir, args.baseline)
+        md = path.with_name("ladder.md")
+        print(json.dumps({"html": str(path), "markdown": str(md)}) if args.json else md.read_text(encoding="utf-8"))
+        return 0
     path = write_report(args.dir, args.baseline, args.compare, args.out)
     md = path.with_name("report.md")
     if args.json:

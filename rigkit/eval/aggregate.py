@@ -25,6 +25,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("em_extracted", "EM (extracted)", "{:.3f}"),
     ("f1_extracted", "F1 (extracted)", "{:.3f}"),
     ("cover_em", "Cover EM", "{:.3f}"),
+    ("type_aware", "Type-aware", "{:.3f}"),
     ("support_recall", "Support recall", "{:.3f}"),
     ("support_recall_pid", "Support recall (pid)", "{:.3f}"),
     ("retrievals", "Retrievals/q", "{:.2f}"),

@@ -39,6 +39,8 @@ __all__ = [
     "token_f1",
     "cover_match",
     "extract_answer",
+    "answer_kind",
+    "typed_match",
 ]
 
 _YES_NO = ("yes", "no", "noanswer")
@@ -183,3 +185,60 @@ def extract_answer(reply: str, question: str) -> str:
         if not mentions(question, word.text):
             return word.text.strip(_TRIM)
     return sentence.strip(_TRIM)
+
+
+# -- a score that fits the kind of answer asked for -------------------------------------------
+_YES_NO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def _options(question: str, gold: str) -> tuple[str, str] | None:
+    """(gold, the other option) of a two-option question ("Which film came first, A or B?"),
+    normalised as `normalize_answer` does (so a title's own "?" or "the" does not matter)."""
+    _, comma, tail = question.strip().partition(", ")
+    low, g = normalize_answer(tail), normalize_answer(gold)
+    if not comma or not g:
+        return None
+    if low.startswith(g + " or "):
+        return g, low[len(g) + 4:]
+    if low.endswith(" or " + g):
+        return g, low[: -(len(g) + 4)]
+    return None
+
+
+def answer_kind(question: str, golds: Sequence[str]) -> str:
+    """"yes/no", "choice" (one of two options the question names) or "open"."""
+    gold = golds[0] if golds else ""
+    if normalize_answer(gold) in ("yes", "no"):
+        return "yes/no"
+    return "choice" if _options(question, gold) else "open"
+
+
+def _first_mention(text: str, phrase: str) -> int | None:
+    words, needle = answer_tokens(text), answer_tokens(phrase)
+    n = len(needle)
+    return next((i for i in range(len(words) - n + 1) if n and words[i : i + n] == needle), None)
+
+
+def typed_match(prediction: str, question: str, golds: Sequence[str]) -> float:
+    """Cover EM made to fit the answer asked for, 1.0 or 0.0.
+
+    - yes/no gold: the first "yes" or "no" the reply says is the gold's (a reply that says
+      neither scores 0: "both are from the United Kingdom" has not answered);
+    - a two-option question ("..., A or B?"): the option the reply names first is the gold
+      (Cover EM credits a reply that names both, or merely repeats the question's options);
+    - otherwise Cover EM.
+    """
+    kind = answer_kind(question, golds)
+    text = strip_citations(prediction)
+    if kind == "yes/no":
+        said = _YES_NO_WORD.search(text)
+        return float(bool(said) and said.group(1).lower() == normalize_answer(golds[0]))
+    if kind == "choice":
+        gold, other = _options(question, golds[0])  # type: ignore[misc]
+        mine = _first_mention(text, gold)
+        theirs = _first_mention(text, other)
+        if mine is None or theirs is None:
+            return float(mine is not None)
+        # at one place the longer option is what was written ("Rocky II" holds "Rocky")
+        return float((mine, -len(answer_tokens(gold))) < (theirs, -len(answer_tokens(other))))
+    return cover_match(prediction, golds)

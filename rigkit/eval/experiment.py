@@ -24,7 +24,7 @@ from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, write_report
 from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
-from rigkit.eval.systems import LAYOUTS, build_systems, parse_systems
+from rigkit.eval.systems import LAYOUTS, build_systems, needs_gold, parse_systems
 from rigkit.files import atomic_write_text
 
 __all__ = ["SPLITS", "load_questions", "evaluate"]
@@ -184,13 +184,22 @@ def evaluate(
         "question_ids": [q.id for q in items], "dataset": items[0].dataset,
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
+    gold = None
+    if needs_gold(specs):
+        from rigkit.eval.gold import load_gold
+        from rigkit.eval.oracle import by_question
+
+        if ray is not None:
+            raise InputError("rig:oracle and rag:gold run in this process only, not on Ray")
+        wanted = {q.id for q in items}
+        gold = by_question({k: v for k, v in load_gold(qa).items() if k in wanted})
     if ray is not None:
         return _evaluate_on_ray(ray, items, specs, cfg, folder, meta, started, runs=runs, faithfulness=faithfulness,
                                 traces=traces, progress=progress, workers=concurrency, report=report)
     generator, retriever = load_parts(cfg, specs, generator, retriever)
     meta["model"] = {"spec": generator.spec or cfg.generator.model, "source": generator.source}
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
-    built = build_systems(specs, cfg, generator, retriever)
+    built = build_systems(specs, cfg, generator, retriever, gold=gold)
     scorer = FaithfulnessScorer() if faithfulness else None
     if concurrency is None:
         from rigkit.build import default_concurrency
@@ -201,7 +210,7 @@ def evaluate(
         from rigkit.build import build_generator
 
         own = generator_factory() if generator_factory else build_generator(cfg.generator)
-        return build_systems(specs, cfg, own, retriever)
+        return build_systems(specs, cfg, own, retriever, gold=gold)
 
     summary = run_eval(items, built, folder, runs=runs, base_seed=cfg.generator.seed,
                        faithfulness=scorer, traces=traces, progress=progress,

@@ -12,6 +12,7 @@ from rigkit.eval.paired import PairedComparison
 
 __all__ = ["accuracy_figure", "latency_figure", "retrievals_figure", "scatter_figure",
            "paired_figure", "support_figure", "retrieval_errors_figure", "has_support_metrics", "has_retrieval_errors",
+           "ladder_figure",
            "SUPPORT"]
 
 # Raw EM first and the extracted short answer's EM beside it, never instead of it.
@@ -181,3 +182,39 @@ def has_support_metrics(groups: list[GroupStats]) -> bool:
 
 def has_retrieval_errors(groups: list[GroupStats]) -> bool:
     return any(g.retrieval_error_rounds or g.retrieval_failed for g in groups if g.type == ALL_TYPES)
+
+
+def ladder_figure(rows: list[Any], baseline: str = "rag") -> Any:
+    """The model-size ladder: type-aware score, retrievals per question and the paired difference
+    from `baseline` against model size (billions of parameters), one line per system."""
+    go, make_subplots = _go()
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["Type-aware score", "Retrievals per question",
+                                                        f"Type-aware − {baseline} (95% interval)"])
+    from plotly.colors import qualitative
+
+    palette = qualitative.Plotly
+    for i, system in enumerate(dict.fromkeys(r.system for r in rows)):
+        mine = sorted((r for r in rows if r.system == system), key=lambda r: (r.size or 0, r.rung))
+        xs, labels = [r.size for r in mine], [r.rung for r in mine]
+        style = {"mode": "lines+markers", "name": system, "legendgroup": system,
+                 "marker_color": palette[i % len(palette)], "text": labels}
+        fig.add_scatter(x=xs, y=[r.score.value if r.score else None for r in mine], row=1, col=1,
+                        error_y={"type": "data", "symmetric": False,
+                                 "array": [r.score.high - r.score.value if r.score else 0 for r in mine],
+                                 "arrayminus": [r.score.value - r.score.low if r.score else 0 for r in mine]},
+                        hovertemplate="%{text}: %{y:.3f}<extra>" + system + "</extra>", **style)
+        fig.add_scatter(x=xs, y=[r.retrievals for r in mine], row=1, col=2, showlegend=False,
+                        hovertemplate="%{text}: %{y:.2f}<extra>" + system + "</extra>", **style)
+        paired = [r for r in mine if r.difference is not None]
+        if paired:
+            fig.add_scatter(x=[r.size for r in paired], y=[r.difference.difference for r in paired], row=1, col=3,
+                            showlegend=False, error_y={
+                                "type": "data", "symmetric": False,
+                                "array": [r.difference.high - r.difference.difference for r in paired],
+                                "arrayminus": [r.difference.difference - r.difference.low for r in paired]},
+                            hovertemplate="%{text}: %{y:+.3f}<extra>" + system + "</extra>",
+                            **{**style, "text": [r.rung for r in paired]})
+    fig.add_hline(y=0, line_dash="dot", row=1, col=3)
+    fig.update_xaxes(type="log", title_text="parameters (billions)")
+    fig.update_layout(height=420, title="Model-size ladder")
+    return fig

@@ -5,7 +5,8 @@ scripts that 2WikiMultihopQA and MuSiQue reuse, maximised over the gold answer a
 Chinese golds per character; the same two scores on the short answer `extract_answer` takes out
 of the reply (`em_extracted`, `f1_extracted`), beside the raw ones, never instead; and
 `cover_em` (the gold's tokens appear contiguously in the reply, the "accuracy" of Self-RAG and
-DRAGIN's tables).
+DRAGIN's tables), and `type_aware`, Cover EM made to fit the answer asked for (`typed_match`:
+yes/no questions scored as yes/no, two-option questions by the option named first).
 
 Retrieval-side figures come from the trace: which passages were injected (supporting-paragraph
 recall by title, and by paragraph id where the data has them, which is the stricter measure
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigkit.citations import attribute
-from rigkit.eval.answers import cover_match, exact_match, extract_answer, token_f1
+from rigkit.eval.answers import cover_match, exact_match, extract_answer, token_f1, typed_match
 from rigkit.text import find_citations, split_sentences, strip_citations
 from rigkit.trace import Hit, RIGResult
 
@@ -271,6 +272,7 @@ def score_result(
         "f1_extracted": token_f1(short, item.golds),
         "extracted_answer": short,
         "cover_em": cover_match(answer, item.golds),
+        "type_aware": typed_match(answer, item.question, item.golds),
         "support_recall": by_title,
         "support_recall_pid": by_pid,
         "passages_injected": len(hits),

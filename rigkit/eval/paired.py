@@ -25,8 +25,8 @@ from scipy import stats
 
 from rigkit.eval.aggregate import row_field
 
-__all__ = ["PAIRED_METRICS", "PairedComparison", "paired_bootstrap", "mcnemar_exact", "compare_systems",
-           "per_question", "wins_losses"]
+__all__ = ["PAIRED_METRICS", "PairedComparison", "Share", "paired_bootstrap", "mcnemar_exact",
+           "compare_systems", "per_question", "wins_losses", "share_interval", "ratio_interval"]
 
 PAIRED_METRICS = ("cover_em", "f1", "support_recall")
 RESAMPLES = 10_000
@@ -63,6 +63,43 @@ def paired_bootstrap(system: Sequence[float], baseline: Sequence[float], resampl
                              method="percentile", rng=np.random.default_rng(seed))
     interval = result.confidence_interval
     return difference, float(interval.low), float(interval.high)
+
+
+@dataclass(frozen=True)
+class Share:
+    """A share over `n` questions with its bootstrap interval (questions resampled)."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def ratio_interval(numerator: Sequence[float], denominator: Sequence[float], resamples: int = RESAMPLES,
+                   confidence: float = CONFIDENCE, seed: int = 0) -> Share | None:
+    """sum(numerator) / sum(denominator) over questions, with a percentile bootstrap interval that
+    resamples questions (each question's pair stays together); None when the denominator is 0."""
+    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if a.shape != b.shape or not a.size or b.sum() == 0:
+        return None
+    value = float(a.sum() / b.sum())
+    if a.size < 2 or np.all(a == a[0]) and np.all(b == b[0]):
+        return Share(value, value, value, int(a.size))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, a.size, size=(resamples, a.size))
+    num, den = a[picks].sum(axis=1), b[picks].sum(axis=1)
+    ratios = num[den > 0] / den[den > 0]
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return Share(value, float(low), float(high), int(a.size))
+
+
+def share_interval(values: Sequence[float], **kwargs: Any) -> Share | None:
+    """The mean of per-question values (a share when they are 0/1) with its bootstrap interval."""
+    return ratio_interval(values, [1.0] * len(values), **kwargs)
 
 
 def mcnemar_exact(wins: int, losses: int) -> float:

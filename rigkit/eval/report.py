@@ -20,24 +20,33 @@ from typing import Any
 
 from rigkit.config import RunConfig
 from rigkit.errors import InputError
-from rigkit.eval.aggregate import ALL_TYPES, METRICS, GroupStats, aggregate, question_type, stage_names
+from rigkit.eval.aggregate import (
+    ALL_TYPES,
+    METRICS,
+    GroupStats,
+    aggregate,
+    question_type,
+    stage_names,
+)
+from rigkit.eval.decisions import with_type_aware
+from rigkit.eval.loss import COVER_EM_CAUTION, loss_tables
 from rigkit.eval.paired import PairedComparison, compare_systems, per_question, wins_losses
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
 __all__ = ["META_FILE", "load_run", "load_compared", "report_tables", "markdown_report", "report_figures",
-           "write_report"]
+           "write_report", "markdown_table", "html_table"]
 
 META_FILE = "meta.json"
 DEFAULT_BASELINE = "rag"  # what the paired comparisons are against
-QUALITY = ("em", "f1", "em_extracted", "f1_extracted", "cover_em", "support_recall",
+QUALITY = ("em", "f1", "em_extracted", "f1_extracted", "cover_em", "type_aware", "support_recall",
            "support_recall_pid", "citation_precision", "all_sentences_supported",
            "sentence_support_share")
 COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
         "tokens_reused", "forward_passes", "extra_model_calls", "model_calls", "latency")
 # "better" and "cheaper" read together: the headline figures, then what they cost per question
 HEADLINE = ("cover_em", "f1", "support_recall", "retrievals", "model_calls", "tokens_prefilled")
-BY_TYPE = ("em", "f1", "em_extracted", "cover_em", "support_recall", "retrievals", "latency")
+BY_TYPE = ("em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
 
@@ -168,20 +177,21 @@ def _glance_table(headline: Table, comparisons: list[PairedComparison], baseline
     return header, rows
 
 
-def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: str) -> Table:
-    """Cover EM per question type (with its count), each system's wins / losses against `baseline`."""
+def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: str,
+                 metric: str = "cover_em") -> Table:
+    """`metric` per question type (with its count), each system's wins / losses against `baseline`."""
     systems = list(dict.fromkeys(g.system for g in typed))
     header = ["Type", "Questions", *systems]
     table = []
     for qtype in sorted({g.type for g in typed}):
         of_type = [r for r in rows if question_type(r) == qtype]
-        scores = per_question(of_type, "cover_em")
+        scores = per_question(of_type, metric)
         reference = scores.get(baseline, {})
         stats = {g.system: g for g in typed if g.type == qtype}
         cells = []
         for system in systems:
             g = stats.get(system)
-            cell = "–" if g is None or g.mean.get("cover_em") is None else _cell(g, "cover_em")
+            cell = "–" if g is None or g.mean.get(metric) is None else _cell(g, metric)
             mine = scores.get(system, {})
             if system != baseline and set(mine) & set(reference):
                 cell += " ({} / {})".format(*wins_losses(mine, reference))
@@ -190,8 +200,11 @@ def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: 
     return header, table
 
 
-def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> dict[str, Table]:
-    """Named tables (quality, cost, paired comparisons, by type, latency) from result lines."""
+def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
+                  meta: dict[str, Any] | None = None) -> dict[str, Table]:
+    """Named tables (quality, cost, paired comparisons, by type, latency) from result lines; with
+    `meta`, the where-the-loss-lies tables too (`rigkit.eval.loss`)."""
+    rows = with_type_aware(rows)
     groups = aggregate(rows)
     overall = [g for g in groups if g.type == ALL_TYPES]
     typed = [g for g in groups if g.type != ALL_TYPES]
@@ -200,7 +213,12 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) 
     headline[0].append("Latency p50 (s)")
     for row, g in zip(headline[1], overall):
         row.append("–" if g.latency_p50 is None else f"{g.latency_p50:.2f}")
+    # a set of several question types leads with them: comparison apart from compositional
+    lead = ({f"Type-aware score by question type, wins / losses against {baseline} (leads: read each "
+             "type apart)": _types_table(rows, typed, baseline, "type_aware")}
+            if comparisons and len({g.type for g in typed}) > 1 else {})
     return {
+        **lead,
         "Answer quality and evidence": _metric_table(overall, QUALITY, False),
         "Quality beside cost": headline,
         "Cost": _metric_table(overall, COST, False),
@@ -213,6 +231,7 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) 
             _types_table(rows, typed, baseline)} if comparisons else {}),
         "By question type": _metric_table(typed, BY_TYPE, True),
         "Latency per question by stage (mean), p50 / p95": _latency_table(overall, stage_names(rows)),
+        **loss_tables(meta or {}, rows, baseline),
     }
 
 
@@ -234,7 +253,7 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "Figures are means over questions; with several runs, ± is the standard deviation of the "
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
         "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
-        "Cover EM is lenient on comparison questions, whose answers often name both candidates.",
+        f"Cover EM is lenient: {COVER_EM_CAUTION}",
         *(f"`[{c['label']}]`: the systems of `{c['dir']}`, which differs in "
           + (", ".join(f"`{k}: {v}`" for k, v in c["changed"].items()) or "no config key") + "."
           + (f" {_wall_time(c['sessions'])}" if c.get("sessions") else "")
@@ -263,7 +282,7 @@ def _markdown_table(table: Table) -> str:
 
 def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> str:
     parts = ["# rigkit evaluation", "", *(line + "  " for line in _describe(meta, rows)), ""]
-    for title, table in report_tables(rows, baseline).items():
+    for title, table in report_tables(rows, baseline, meta).items():
         parts += [f"## {title}", "", _markdown_table(table), ""]
     return "\n".join(parts)
 
@@ -298,6 +317,9 @@ def _html_table(table: Table) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+# public: the ladder's report renders its table the same way
+markdown_table, html_table = _markdown_table, _html_table
+
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;
 padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
@@ -307,7 +329,7 @@ th{background:#f3f3f3}.note{color:#555}"""
 def html_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> str:
     parts = [f"<p class='note'>{html.escape(line.replace('`', ''))}</p>"
              for line in _describe(meta, rows)]
-    for title, table in report_tables(rows, baseline).items():
+    for title, table in report_tables(rows, baseline, meta).items():
         parts += [f"<h2>{html.escape(title)}</h2>", _html_table(table)]
     for i, (title, fig) in enumerate(report_figures(rows, baseline).items()):
         parts.append(f"<h2>{html.escape(title)}</h2>")

@@ -171,12 +171,15 @@ def summarize_result(result: RIGResult) -> dict[str, Any]:
         "retrieval_errors": list(result.errors),
         # every retrieval this answer tried failed: it is not a RIG answer, and is reported apart
         "retrieval_failed": bool(result.errors) and result.used_retrieval_times == 0,
+        # passages put before the question (plain RAG, gold passages): what the per-hop table reads
+        "upfront": list(result.upfront.added) if result.upfront else [],
         "rounds": [
             {
                 "i": r.index,
                 "fire": r.decision.retrieve,
                 "score": round(float(r.decision.score), 4),
                 "decider": r.decision.decider,
+                "text": r.segment.text,  # the judged segment: where the decider fired, token-level
                 "query": r.query.text if r.query else None,
                 "hits": [h.chunk_id for h in r.hits],
                 "added": list(r.injection.added) if r.injection else [],

@@ -5,6 +5,9 @@ Grammar (one name per system, comma-separated on the command line):
     closed_book            no retrieval at all
     rag[:K]                retrieve once with the question (top K, default retrieval.top_k), then answer
     rig[:DECIDER[:QUERY]]  the RIG controller with that decider and query mode
+    rig:oracle             ceiling: retrieve when the next hop's gold paragraph is missing, with its
+                           gold sub-question as the query (rigkit.eval.oracle; needs the gold data)
+    rag:gold               ceiling: the gold paragraphs before the question, nothing retrieved
     ...@append|@prefix     optional suffix: passage layout for this system (default: --layout)
 
 `answer_closed_book` and `answer_with_passages` are the two baselines without a retrieval loop.
@@ -31,9 +34,10 @@ from rigkit.errors import InputError
 from rigkit.trace import Hit, RIGResult
 
 __all__ = ["SystemSpec", "System", "parse_system", "parse_systems", "system_config", "build_system",
-           "build_systems", "answer_closed_book", "answer_with_passages"]
+           "build_systems", "answer_closed_book", "answer_with_passages", "needs_gold"]
 
 LAYOUTS = ("append", "prefix")
+GOLD_KINDS = ("oracle", "gold")
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class SystemSpec:
     """A parsed system name. `name` is the canonical string used as the results key."""
 
     name: str
-    kind: str  # closed_book | rag | rig
+    kind: str  # closed_book | rag | rig | oracle | gold (the last two read the gold data)
     decider: str | None = None
     query_mode: str | None = None
     top_k: int | None = None
@@ -72,6 +76,10 @@ def parse_system(text: str) -> SystemSpec:
     layout = layout or None
     if kind == "closed_book" and not args:
         return SystemSpec(raw, "closed_book", layout=layout)
+    if kind == "rag" and args == ["gold"]:
+        return SystemSpec(raw, "gold", layout=layout)
+    if kind == "rig" and args == ["oracle"]:
+        return SystemSpec(raw, "oracle", layout=layout)
     if kind == "rag" and len(args) <= 1:
         if args and not (args[0].isdigit() and int(args[0]) > 0):
             raise InputError(f"system {raw!r}: rag takes a positive top_k, e.g. rag:5")
@@ -91,7 +99,8 @@ def parse_system(text: str) -> SystemSpec:
             raise InputError(f"system {raw!r}: {err}") from None
         return SystemSpec(raw, "rig", decider=decider, query_mode=query, layout=layout)
     raise InputError(
-        f"unknown system {raw!r}: use closed_book, rag[:K] or rig[:DECIDER[:QUERY_MODE]], "
+        f"unknown system {raw!r}: use closed_book, rag[:K], rig[:DECIDER[:QUERY_MODE]], rig:oracle "
+        "or rag:gold, "
         "optionally with @append or @prefix"
     )
 
@@ -151,13 +160,17 @@ def _seeded(config: RunConfig, seed: int) -> RunConfig:
 
 
 def build_system(spec: SystemSpec, config: RunConfig, generator: Any, retriever: Any,
-                 layout: str | None = None) -> System:
-    """Wire one system to the shared generator and retriever (lazy import of rigkit.build)."""
+                 layout: str | None = None, gold: dict[str, Any] | None = None) -> System:
+    """Wire one system to the shared generator and retriever (lazy import of rigkit.build).
+
+    `gold` (question text -> `rigkit.eval.gold.GoldChain`) is read by the oracle systems only."""
     from rigkit import build
 
     cfg = system_config(spec, config, layout)
     if spec.kind == "closed_book":
         return System(spec, cfg, lambda q, seed: answer_closed_book(generator, q, _seeded(cfg, seed)))
+    if spec.kind in GOLD_KINDS:
+        return _gold_system(spec, cfg, generator, retriever, gold)
     if retriever is None:
         raise InputError(f"system {spec.name!r} needs an index (--index or retrieval.index)")
     if spec.kind == "rag":
@@ -186,6 +199,33 @@ def build_system(spec: SystemSpec, config: RunConfig, generator: Any, retriever:
     return System(spec, cfg, rig)
 
 
+def _gold_system(spec: SystemSpec, cfg: RunConfig, generator: Any, retriever: Any,
+                 gold: dict[str, Any] | None) -> System:
+    """`rag:gold` or `rig:oracle` over the gold chains they were given."""
+    from rigkit.eval import oracle
+
+    if not gold:
+        raise InputError(f"system {spec.name!r} reads the gold data: evaluate it on a QA file "
+                         "with supporting paragraphs (rigkit eval --qa data/<set>/qa.jsonl)")
+    if spec.kind == "gold":
+        return System(spec, cfg, lambda q, seed: oracle.answer_with_gold(generator, q, gold, _seeded(cfg, seed)))
+    if retriever is None:
+        raise InputError(f"system {spec.name!r} needs an index (--index or retrieval.index)")
+    controllers: dict[int, Any] = {}
+
+    def rig_oracle(question: str, seed: int) -> RIGResult:
+        if seed not in controllers:
+            controllers[seed] = oracle.oracle_controller(_seeded(cfg, seed), generator, retriever, gold)
+        return controllers[seed].run(question)
+
+    return System(spec, cfg, rig_oracle)
+
+
+def needs_gold(specs: Sequence[SystemSpec]) -> bool:
+    """Whether any of `specs` reads the gold data."""
+    return any(s.kind in GOLD_KINDS for s in specs)
+
+
 def build_systems(specs: list[SystemSpec], config: RunConfig, generator: Any, retriever: Any,
-                  layout: str | None = None) -> list[System]:
-    return [build_system(s, config, generator, retriever, layout) for s in specs]
+                  layout: str | None = None, gold: dict[str, Any] | None = None) -> list[System]:
+    return [build_system(s, config, generator, retriever, layout, gold) for s in specs]

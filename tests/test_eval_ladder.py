@@ -1,0 +1,85 @@
+"""The model-size ladder: specs, one folder per rung, one table and one figure, rebuilt by `rigkit report`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rigkit.cli import main
+from rigkit.errors import InputError
+from rigkit.eval.ladder import (
+    LADDER_FILE,
+    ladder_rows,
+    ladder_table,
+    parse_rung,
+    run_ladder,
+    size_from_name,
+)
+from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
+from rigkit.trace import Hit
+
+
+def test_specs_carry_a_model_its_backend_label_and_size():
+    bare = parse_rung("smollm2-135m-instruct+markers")
+    assert (bare.label, bare.size, bare.settings) == ("smollm2-135m-instruct+markers", 0.135,
+                                                      {"model": "smollm2-135m-instruct+markers"})
+    served = parse_rung("model=qwen3:0.6b,backend=chat,base_url=http://127.0.0.1:11434/v1,label=qwen")
+    assert served.label == "qwen" and served.size == 0.6
+    assert served.set_args() == ["generator.model=qwen3:0.6b", "generator.backend=chat",
+                                 "generator.base_url=http://127.0.0.1:11434/v1"]
+    assert parse_rung("model=org/Model-7B-Instruct,size=7.6").size == 7.6
+    assert size_from_name("Qwen/Qwen2.5-14B-Instruct") == 14.0 and size_from_name("my-model") is None
+    for bad, message in (("backend=openai", "name the model"), ("model=x,size=big", "size must be"),
+                         ("model=x,oops", "key=value"), (" ", "empty")):
+        with pytest.raises(InputError, match=message):
+            parse_rung(bad)
+
+
+class Replies(ScriptedGenerator):
+    """Right after a passage was read, wrong closed-book: 'Levy' only when the prompt holds it."""
+
+    def __init__(self):
+        super().__init__([])
+
+    def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
+        text = " ".join(p.text for p in prompt)
+        return make_segment("It is Shawn Levy." if "Levy" in text else "I do not know.", finish_reason="end_of_turn")
+
+
+def _qa(tmp_path):
+    qa = tmp_path / "qa.jsonl"
+    rows = [{"id": f"q{i}", "question": f"Who directed film {i}?", "answer": "Shawn Levy", "type": "compositional",
+             "paragraphs": []} for i in range(3)]
+    qa.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return qa
+
+
+def test_ladder_runs_each_rung_into_its_folder_and_tables_them(tmp_path, capsys):
+    retriever = DictRetriever({}, default=[Hit("f#0", "f", "Film", "Directed by Shawn Levy.", 1.0)])
+    out = tmp_path / "ladder"
+    path = run_ladder(_qa(tmp_path), out, ["tiny-135m", "model=tiny-1.5b,label=big"], "closed_book,rag",
+                      generator=Replies(), retriever=retriever, faithfulness=False, progress=False)
+    assert path.name == "ladder.html" and "plotly" in path.read_text()
+    assert sorted(p.name for p in out.iterdir()) == sorted(["big", LADDER_FILE, "ladder.html", "ladder.md", "tiny-135m"])
+    meta = json.loads((out / "big" / "meta.json").read_text())
+    assert meta["config"]["generator"]["model"] == "tiny-1.5b"  # the rung's spec reached the config
+    rows = ladder_rows(out)
+    assert [(r.rung, r.size, r.system) for r in rows] == [
+        ("tiny-135m", 0.135, "closed_book"), ("tiny-135m", 0.135, "rag"), ("big", 1.5, "closed_book"), ("big", 1.5, "rag")]
+    closed = rows[0]
+    # closed-book: 0 of 3 right; rag: 3 of 3; so closed_book − rag = −1 on every question
+    assert closed.score.value == 0.0 and rows[1].score.value == 1.0 and rows[1].retrievals == 1.0
+    assert closed.difference.difference == -1.0 and (closed.difference.wins, closed.difference.losses) == (0, 3)
+    header, body = ladder_table(rows)
+    assert body[0][header.index("Type-aware − rag [95%]")] == "-1.000 [-1.000, -1.000]"
+    # the report rebuilds from the folders alone
+    (out / "ladder.md").unlink()
+    assert main(["report", str(out)]) == 0
+    assert "| big | 1.5 | rag | 3 |" in capsys.readouterr().out and (out / "ladder.md").exists()
+
+
+def test_ladder_cli_checks_specs_before_loading_a_model(tmp_path, capsys):
+    code = main(["ladder", "--qa", str(_qa(tmp_path)), "--model", "a", "--model", "model=b,label=a",
+                 "--out", str(tmp_path / "x")])
+    assert code != 0 and "share a label" in capsys.readouterr().err
