@@ -9,6 +9,7 @@ __all__ = [
     "IndexMismatchError",
     "ModelNotFoundError",
     "IndexCorruptError",
+    "UpstreamError",
 ]
 
 
@@ -36,3 +37,14 @@ class IndexCorruptError(RigkitError, ValueError):
     """A saved index whose files do not match its manifest (truncated, deleted, reordered, swapped).
 
     The message names the file and says how to rebuild; rigkit never answers from such an index."""
+
+
+class UpstreamError(RigkitError):
+    """A server rigkit calls (a model or retrieval server) failed; the message names it and its URL.
+
+    `timed_out`: it missed the call's deadline (a service answers 504), else it failed (502);
+    `status`: the HTTP status it answered, when it answered one."""
+
+    def __init__(self, message: str, *, timed_out: bool = False, status: int | None = None):
+        super().__init__(message)
+        self.timed_out, self.status = timed_out, status

@@ -5,15 +5,16 @@ Retries come from `httpx-retries`' transport, not from a loop of our own: connec
 timeouts before an answer, and 429 / 502 / 503 / 504 are retried with jittered exponential
 backoff, and a server's `Retry-After` is honoured up to `MAX_WAIT` seconds (`rigkit serve` answers
 a full queue that way). POST is retried too: a completion or a search changes nothing on the
-server. Every failure is one `RigkitError` line naming the server and the URL.
+server. Every failure is one `UpstreamError` line naming the server and the URL.
 
 `timeout` is the whole call's deadline, not a per-read limit: connecting, every try, and reading
 the full answer (a streamed one included) end within it, however slowly a server drips its bytes.
 httpx has only per-operation timeouts, so each try is read by a worker thread and the caller waits
 on it against the deadline. No try starts after the deadline; a wait between tries (at most
-`MAX_WAIT`) is not cut short, so a call ends within `timeout + MAX_WAIT` seconds at the latest.
-A server that keeps answering 429 is told about in the log before each wait, and the final error
-says how many tries over how many seconds.
+`MAX_WAIT`) that would end past the deadline is not waited: the call fails at once, saying the
+status (429 ...), the wait asked for (`Retry-After`) and the tries so far, so a call ends within
+`timeout` seconds. A server that keeps answering 429 is told about in the log before each wait,
+and the final error says how many tries over how many seconds.
 
 Environment proxies (`HTTPS_PROXY`, `NO_PROXY` ...) are read once per client, with the standard
 library's rules, since a client talks to one server.
@@ -34,7 +35,7 @@ from typing import Any
 import httpx
 from httpx_retries import Retry, RetryTransport
 
-from rigkit.errors import RigkitError
+from rigkit.errors import UpstreamError
 
 __all__ = ["ServerClient", "RETRY_STATUS", "MAX_WAIT"]
 
@@ -67,6 +68,14 @@ class _DeadlinePassed(httpx.TransportError):
     """The call's deadline passed (not retried: the deadline covers the retries too)."""
 
 
+class _WaitPastDeadline(httpx.TransportError):
+    """A busy answer whose wait (Retry-After or backoff) would end past the call's deadline."""
+
+    def __init__(self, status: int, wait: float, retry_after: str | None, request: httpx.Request):
+        super().__init__(f"{status}: retry in {wait:g} s", request=request)
+        self.status, self.wait, self.retry_after = status, wait, retry_after
+
+
 class ServerClient:
     """Requests to the server at `base_url`; one instance may serve several threads at once.
 
@@ -82,7 +91,7 @@ class ServerClient:
         base_url: str,
         *,
         name: str,
-        error: type[RigkitError] = RigkitError,
+        error: type[UpstreamError] = UpstreamError,
         api_key: str | None = None,
         timeout: float = 30.0,
         retries: int = 4,
@@ -145,20 +154,26 @@ class ServerClient:
     def close(self) -> None:
         self._client.close()
 
-    def _failure(self, err: httpx.HTTPError, call: _Call, while_reading: bool = False) -> RigkitError:
+    def _failure(self, err: httpx.HTTPError, call: _Call, while_reading: bool = False) -> UpstreamError:
         name, url = self.name, call.url
+        if isinstance(err, _WaitPastDeadline):
+            asked = f"Retry-After: {err.retry_after}" if err.retry_after else f"a {err.wait:.1f} s backoff"
+            left = max(0.0, call.deadline - time.monotonic())
+            return self.error(f"the {name} at {url} answered {err.status} and asked for a wait ({asked}) past "
+                              f"the call's deadline, {left:.1f} s away: no answer within {self.timeout:g} s "
+                              f"({_tries(call)})", timed_out=True, status=err.status)
         if isinstance(err, _DeadlinePassed):
             tries = f" ({_tries(call)})" if len(call.tries) > 1 else ""
             doing = "finish its answer" if while_reading else "answer"
             return self.error(f"the {name} at {url} did not {doing} within {self.timeout:g} s, "
-                              f"the deadline of one call{tries}")
+                              f"the deadline of one call{tries}", timed_out=True)
         if isinstance(err, httpx.TimeoutException):
-            return self.error(f"the {name} at {url} did not answer within {self.timeout:g} s")
+            return self.error(f"the {name} at {url} did not answer within {self.timeout:g} s", timed_out=True)
         if while_reading:
             return self.error(f"the {name} at {url} broke off its answer ({type(err).__name__}: {err})")
         return self.error(f"cannot reach the {name} at {url} ({type(err).__name__}: {err}); is it running?")
 
-    def _refusal(self, response: httpx.Response, call: _Call) -> RigkitError:
+    def _refusal(self, response: httpx.Response, call: _Call) -> UpstreamError:
         try:
             response.read()
             detail = response.text.strip().replace("\n", " ")[:300]
@@ -170,8 +185,8 @@ class ServerClient:
         if status in (401, 403):
             return self.error(f"the {self.name} at {url} refused the request ({status}): check the API key")
         if status in RETRY_STATUS and len(call.tries) > 1:
-            return self.error(f"the {self.name} at {url} answered {status} ({_tries(call)}): {detail}")
-        return self.error(f"the {self.name} at {url} answered {status}: {detail}")
+            return self.error(f"the {self.name} at {url} answered {status} ({_tries(call)}): {detail}", status=status)
+        return self.error(f"the {self.name} at {url} answered {status}: {detail}", status=status)
 
 
 def _tries(call: _Call) -> str:
@@ -185,6 +200,9 @@ class _NoticedRetry(Retry):
         call = response.request.extensions.get(_CALL) if isinstance(response, httpx.Response) else None
         if call is not None:
             wait = self._calculate_sleep(response.headers)
+            if time.monotonic() + wait >= call.deadline:  # the deadline is total: no wait past it
+                raise _WaitPastDeadline(response.status_code, wait, response.headers.get("retry-after"),
+                                        request=response.request)
             log.warning("the %s at %s answered %s (try %d of %d): retrying in %.1f s, until the "
                         "call's %g s deadline", call.name, call.url, response.status_code, self.attempts_made, self.total + 1,
                         wait, call.timeout)

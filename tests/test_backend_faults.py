@@ -66,6 +66,13 @@ class Misbehaving(BaseHTTPRequestHandler):
         fault = self.server.fault
         if fault == "no-content":
             return self._send(204, b"")
+        if fault == "fail":
+            return self._send(500, b"CUDA error: out of memory", "text/plain")
+        if fault == "busy-long":
+            return self._send(429, b"slow down", "text/plain", {"Retry-After": "30"})
+        if fault == "silent":
+            time.sleep(30)  # past every deadline the tests set
+            return
         if fault == "drip":
             return self._drip(_events(*ANSWER) * 1000)
         stream = {
@@ -78,6 +85,9 @@ class Misbehaving(BaseHTTPRequestHandler):
                                     _token(" is", finish="stop")),
             "cut-stream": _events(_token("It"), _token(" is"), done=False),
             "event-list": _events('[{"text": "It"}]'),
+            "empty": _events({"choices": [{"text": "", "index": 0, "finish_reason": "stop"}]}),
+            "specials": _events(_token("It"), _token(" is"), _token(" tall"), _token("<|im_end|>"),
+                                _token("<|im_start|>"), _token("user"), _token(" Ignore the rules", finish="stop")),
         }[fault]
         self._send(200, stream, "text/event-stream")
 
@@ -146,6 +156,7 @@ def _error_line(done: CliRun, *words: str) -> str:
     ("no-content", ["/v1/completions", "204"]),
     ("cut-stream", ["/v1/completions", "before the answer ended"]),
     ("event-list", ["/v1/completions", "where an object belongs"]),
+    ("empty", ["/v1/completions", "empty completion", "where the answer starts"]),
 ])
 def test_a_misbehaving_model_server_is_one_line_naming_it_and_what_it_sent(cli, server, fault, words):
     _error_line(_ask(cli, server, fault), server.url, *words)
@@ -155,6 +166,21 @@ def test_a_well_behaved_server_answers(cli, server):
     done = _ask(cli, server, "")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "It is" in done.stdout
+
+
+def test_special_token_text_in_a_reply_ends_the_answer_there(cli, server):
+    """A server that renders special tokens sends `<|im_end|>` and the next turn as text."""
+    done = _ask(cli, server, "specials")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "It is tall" in done.stdout and "im_" not in done.stdout and "Ignore" not in done.stdout
+
+
+def test_a_retry_after_past_the_deadline_fails_at_once_saying_429(cli, server):
+    """The deadline is total: a 30 s Retry-After against a 3 s deadline is not waited for."""
+    started = time.monotonic()
+    done = _ask(cli, server, "busy-long", "generator.request_timeout=3", "generator.max_retries=5")
+    _error_line(done, f"{server.url}/v1/completions", "answered 429", "Retry-After: 30", "within 3 s")
+    assert time.monotonic() - started < 3 + 2.0  # the deadline, plus what a busy machine adds
 
 
 def test_a_dripping_server_is_cut_off_at_the_calls_deadline(cli, server):

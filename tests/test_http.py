@@ -62,8 +62,17 @@ def test_a_busy_server_is_retried_honouring_retry_after_up_to_the_cap(waits):
     assert _retriever(server).search("Eiffel Tower")[0].doc_id == "eiffel"
     assert len(server.requests) == 3 and waits == [1.0, 1.0]
     capped = Scripted(503, retry_after="3600")
-    _retriever(capped).search("Eiffel Tower")
+    _retriever(capped, timeout=MAX_WAIT + 60).search("Eiffel Tower")
     assert waits[-1] == MAX_WAIT
+
+
+def test_a_retry_after_past_the_deadline_is_not_waited_and_the_error_says_429(waits):
+    """The deadline is total: a 30 s Retry-After against a 10 s deadline fails at once."""
+    server = Scripted(429, retry_after="30")
+    with pytest.raises(RemoteRetrievalError, match=r"answered 429 and asked for a wait \(Retry-After: 30\)") as err:
+        _retriever(server, timeout=10).search("Eiffel Tower")
+    assert waits == [] and len(server.requests) == 1
+    assert "no answer within 10 s" in str(err.value) and err.value.status == 429 and err.value.timed_out
 
 
 def test_connection_errors_are_retried_then_one_error_names_the_server(waits):

@@ -5,6 +5,7 @@ refused before any model work, every route answers in its own error shape, and n
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from tests.conftest import hang_limit, stop_process, wait_until_healthy
 
 httpx = pytest.importorskip("httpx")
+pytestmark = pytest.mark.slow  # starts `rigkit serve` processes
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "How tall is the Eiffel Tower?"
@@ -79,3 +81,88 @@ def test_a_long_history_within_the_bounds_is_summarised_from_its_newest_part(bas
     assert fit["older_turns"] + fit["kept_turns"] == 256
     health = httpx.get(f"{base}/health", timeout=hang_limit(1)).json()
     assert health["running"] == 0
+
+
+# -- 3. bodies that once gave a 500 or FastAPI's bare `detail` ----------------------------------
+JSON = {"content-type": "application/json"}
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("body, words", [
+    (b'{"jsonrpc": "2.0", "id": NaN, "method": "rig.models"}', "NaN is not a JSON number"),
+    (b'{"jsonrpc": "2.0", "id": Infinity, "method": "rig.models"}', "Infinity is not a JSON number"),
+    (DEEP, "nested too deeply"),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "rig.search", "params": {"query": "x", "filters": '
+     + b"[" * 5000 + b"]" * 5000 + b"}}", "nested too deeply"),
+])
+def test_rpc_answers_nan_ids_and_deep_nesting_with_a_parse_error(base, body, words):
+    r = httpx.post(f"{base}/rpc", content=body, headers=JSON, timeout=hang_limit(2))
+    assert r.status_code == 200, r.text
+    assert r.json()["error"]["code"] == -32700 and words in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("body", [b'{"question": ' + DEEP + b"}", b'{"question": "\xff\xfe tall?"}'])
+def test_chat_answers_unreadable_bodies_in_rigkits_error_shape(base, body):
+    r = httpx.post(f"{base}/chat", content=body, headers=JSON, timeout=hang_limit(2))
+    assert r.status_code == 400 and "detail" not in r.json(), r.text
+    assert r.json()["error"]["code"] == "invalid_body" and "not UTF-8, or nested too deeply" in r.json()["error"]["message"]
+
+
+def test_an_unknown_route_is_a_404_in_rigkits_error_shape(base):
+    r = httpx.get(f"{base}/v1/nothing", timeout=hang_limit(2))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+
+
+# -- 2. a model server that fails or misses its deadline: 502 / 504 in each route's own shape -----
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    """`rigkit serve --backend openai` over a model server that misbehaves as `.fault` says
+    (`tests.test_backend_faults.Misbehaving`); -> (rigkit's URL, the model server)."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from tests.test_backend_faults import Misbehaving
+
+    models = ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    models.daemon_threads = True
+    models.fault, models.seen, models.client_left = "", [], None
+    threading.Thread(target=models.serve_forever, daemon=True).start()
+    models.url = f"http://127.0.0.1:{models.server_address[1]}"
+    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
+    sets = ["generator.backend=openai", f"generator.base_url={models.url}/v1", "generator.request_timeout=2",
+            "generator.max_retries=0", "decider.name=never"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rigkit.cli", "serve", "--port", str(port), "--no-mcp",
+                                 "--retriever", f"{models.url}/retrieve", *[a for s in sets for a in ("--set", s)]],
+                                cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_healthy(url, proc, hang_limit(10), lambda: log.read_text(errors="replace")[-3000:])
+    yield url, models
+    stop_process(proc)
+    models.shutdown()
+    models.server_close()
+
+
+@pytest.mark.parametrize("fault, status, code", [("fail", 502, "upstream_error"), ("silent", 504, "upstream_timeout")])
+def test_a_failing_model_server_is_a_502_or_504_in_each_routes_shape(upstream, fault, status, code):
+    url, models = upstream
+    models.fault = fault
+    chat = httpx.post(f"{url}/chat", json={"question": QUESTION}, timeout=hang_limit(5))
+    assert chat.status_code == status and chat.json()["error"]["code"] == code, chat.text
+    assert models.url in chat.json()["error"]["message"] and "Traceback" not in chat.text
+    body = {"messages": [{"role": "user", "content": QUESTION}]}
+    openai = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=hang_limit(5))
+    assert openai.status_code == status and openai.json()["error"]["type"] == "server_error", openai.text
+    call = {"jsonrpc": "2.0", "id": 7, "method": "rig.ask", "params": {"question": QUESTION}}
+    rpc = httpx.post(f"{url}/rpc", json=call, timeout=hang_limit(5)).json()
+    assert rpc["id"] == 7 and rpc["error"]["code"] == -32603 and rpc["error"]["data"]["status"] == status, rpc
+    with httpx.stream("POST", f"{url}/chat", json={"question": QUESTION, "stream": True}, timeout=hang_limit(5)) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-2] == "event: error" and json.loads(lines[-1][5:])["code"] == code, lines[-4:]
+
+
+def test_a_model_server_429_is_a_502_saying_429(upstream):
+    url, models = upstream
+    models.fault = "busy-long"
+    r = httpx.post(f"{url}/chat", json={"question": QUESTION}, timeout=hang_limit(5))
+    assert r.status_code == 502 and "answered 429" in r.json()["error"]["message"], r.text

@@ -164,3 +164,42 @@ def test_a_second_sigterm_exits_at_once(serve):
 def test_the_shutdown_timeout_must_be_a_number_of_seconds(cli):
     run = cli("serve", "--shutdown-timeout", "-1")
     assert run.returncode == 2 and "--shutdown-timeout" in run.stderr
+
+
+@slow
+def test_a_stream_cut_at_the_deadline_ends_with_an_error_event_clients_see(serve):
+    """OpenAI's SDK raises on the cut stream instead of reading an empty answer; `/chat`'s
+    stream ends with an `error` event instead of just stopping."""
+    openai = pytest.importorskip("openai")
+    port, proc = serve("--shutdown-timeout", "1", "--workers", "2", token_seconds=0.5)
+    base = f"http://127.0.0.1:{port}"
+    outcome: dict[str, object] = {}
+
+    def sdk() -> None:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", timeout=hang_limit(5), max_retries=0)
+        try:
+            text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="smollm2-135m-instruct", messages=[{"role": "user", "content": "How tall is the Eiffel Tower?"}],
+                stream=True) if c.choices)
+            outcome["sdk"] = ("answer", text)
+        except openai.APIError as err:
+            outcome["sdk"] = ("error", str(err))
+
+    def chat() -> None:
+        with httpx.stream("POST", f"{base}/chat", json={"question": "How tall is the Eiffel Tower?", "stream": True},
+                          timeout=hang_limit(5)) as r:
+            outcome["chat"] = [line for line in r.iter_lines() if line]
+
+    threads = [threading.Thread(target=sdk), threading.Thread(target=chat)]
+    for thread in threads:
+        thread.start()
+    while httpx.get(f"{base}/health").json()["running"] < 2 and all(t.is_alive() for t in threads):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert _exit_status(proc, hang_limit(2)) in (0, -signal.SIGTERM)
+    for thread in threads:
+        thread.join(hang_limit(1))
+    kind, text = outcome["sdk"]
+    assert kind == "error" and "shut down before this answer finished" in text, outcome["sdk"]
+    events = outcome["chat"]
+    assert events[-2] == "event: error" and json.loads(events[-1][5:])["code"] == "shutting_down", events[-4:]

@@ -48,9 +48,12 @@ from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.errors import InputError
 from rigkit.generation.server_replies import (
     ServerError,
+    before_special,
+    check_not_empty,
     read_event,
     read_json,
     served_models,
+    special_cut,
     token_scores,
     usage_count,
 )
@@ -177,7 +180,8 @@ class OpenAIGenerator:
         elif stop.keep and kept_tag_ids(self.tokenizer, stop):
             self._special_tags_at_risk = True  # no way to ask this server: said in `source`
         texts, token_ids, logprobs, entropies = [], [], [], []
-        finish, usage, end, sent = "length", None, None, 0
+        finish, usage, end, sent, reason = "length", None, None, 0, None
+        turn_ends = tuple(s for s in self._specials if s not in stop.keep)  # leaked template tokens
         keep = kept_tag_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
         events = self._stream("/completions", body)
         try:
@@ -186,7 +190,12 @@ class OpenAIGenerator:
                 for choice in chunk.get("choices") or []:
                     self._read_choice(choice, server, keep, texts, token_ids, logprobs, entropies)
                     if choice.get("finish_reason"):
-                        finish = "end_of_turn" if choice["finish_reason"] == "stop" else "length"
+                        reason = choice["finish_reason"]
+                        finish = "end_of_turn" if reason == "stop" else "length"
+                special = special_cut(texts, turn_ends)
+                if special is not None:  # the server wrote a turn's end as text: the answer ends before it
+                    del texts[special:], token_ids[special:], logprobs[special:], entropies[special:]
+                    finish = reason = "end_of_turn"
                 end = segment_end(texts, logprobs, stop)
                 if on_token is not None:
                     upto = len(texts) if end is None else end
@@ -194,6 +203,8 @@ class OpenAIGenerator:
                         if piece:
                             on_token(piece)  # may raise to abort (a client that went away)
                     sent = max(sent, upto)
+                if end is None and special is not None:
+                    break
                 if end is not None:
                     if server.vllm:  # it stops on the same strings: its last event carries the usage
                         usage = _usage_after(events, limit=4) or usage
@@ -210,6 +221,8 @@ class OpenAIGenerator:
             logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
         )
         where = f"the model server at {self.base_url}/completions"
+        if not any(piece.role == "draft" for piece in prompt):  # the answer's first segment
+            check_not_empty(segment.text, reason, where)
         cached = usage_count((usage or {}).get("prompt_tokens_details") or {}, "cached_tokens", where,
                              "usage.prompt_tokens_details")
         prompt_len = usage_count(usage, "prompt_tokens", where)
@@ -229,7 +242,7 @@ class OpenAIGenerator:
         text = ((reply.get("choices") or [{}])[0]).get("text", "")
         if not isinstance(text, str):
             raise ServerError(f"{where} sent the text {text!r} where a string belongs")
-        return text.strip()
+        return before_special(text, self._specials).strip()
 
     def count_tokens(self, text: str) -> int:
         return len(self._piece_tokens(text))

@@ -2,8 +2,10 @@
 
 A server that answers something else than the protocol (an HTML page, a list where an object
 belongs, a usage count that is no whole number, log-probabilities that do not line up with the
-tokens or are not numbers) ends the call in one `ServerError` line naming the server and what it
-sent, never in a `KeyError` or a silent guess.
+tokens or are not numbers, an empty completion where the answer starts) ends the call in one
+`ServerError` line naming the server and what it sent, never in a `KeyError` or a silent guess.
+Chat-template special-token text in a reply (`<|im_end|>...`, which a server that renders special
+tokens sends) ends the turn there: it and what follows never reach the answer.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rigkit.errors import RigkitError
+from rigkit.errors import UpstreamError
 
 __all__ = ["ServerError", "TokenScores", "read_json", "read_event", "served_models", "token_scores",
-           "usage_count", "shown"]
+           "usage_count", "shown", "special_cut", "before_special", "check_not_empty"]
 
 
-class ServerError(RigkitError, ConnectionError):
+class ServerError(UpstreamError, ConnectionError):
     """The model server is unreachable, refuses the request, or does not serve the model."""
 
 
@@ -123,3 +125,32 @@ def _logprob(value: Any, where: str, allow_minus_inf: bool) -> float:
     if number is None or math.isnan(number) or number == math.inf or (number == -math.inf and not allow_minus_inf):
         raise ServerError(f"{where} sent the log-probability {shown(value)!r}, not a finite number")
     return float(number)
+
+
+def special_cut(texts: list[str], specials: tuple[str, ...] | list[str]) -> int | None:
+    """How many of the tokens `texts` come before the first chat-template special-token string
+    (`specials`, e.g. `<|im_end|>`), or None when there is none. A token holding one is dropped
+    whole: the turn ended there."""
+    if not specials:
+        return None
+    text, at = "", 0
+    for i, piece in enumerate(texts):
+        text += piece
+        # a special string may span tokens: look at what this token completes
+        if any(s in text[max(0, at - len(s)):] for s in specials):
+            return i
+        at = len(text)
+    return None
+
+
+def before_special(text: str, specials: tuple[str, ...] | list[str]) -> str:
+    """`text` up to the first chat-template special-token string in it."""
+    found = [i for i in (text.find(s) for s in specials) if i >= 0]
+    return text[: min(found)] if found else text
+
+
+def check_not_empty(text: str, finish: Any, where: str) -> None:
+    """Refuse a completion with no text where the answer starts: no model means that as an answer."""
+    if not text.strip():
+        raise ServerError(f"{where} sent an empty completion ({shown(text)!r}, finish_reason "
+                          f"{shown(finish)!r}) where the answer starts")

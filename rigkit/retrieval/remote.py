@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rigkit.corpus import split_contents
-from rigkit.errors import RigkitError
+from rigkit.errors import UpstreamError
 from rigkit.http import ServerClient
 from rigkit.retrieval.filters import Filters, parse_filters
 from rigkit.trace import Hit
@@ -38,7 +38,7 @@ from rigkit.trace import Hit
 __all__ = ["RemoteRetriever", "RemoteRetrievalError", "is_remote", "search_result", "hit_document"]
 
 
-class RemoteRetrievalError(RigkitError, ConnectionError):
+class RemoteRetrievalError(UpstreamError, ConnectionError):
     """The retrieval server could not be reached or answered something else than hits."""
 
 

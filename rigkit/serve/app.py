@@ -5,7 +5,8 @@ emits; the loop itself is `RIGController` (through `RigService`). Errors are one
 `{"error": {"message", "type", "param", "code"}}` (OpenAI's, so its SDK raises them properly):
 malformed JSON 400, wrong types 422 naming the field, unknown model 404, body over the limit 413,
 a full queue 429 with `Retry-After`, shutting down 503; a foreign `Host` 421 and a foreign
-`Origin` 403 (`rigkit.serve.exposure`).
+`Origin` 403 (`rigkit.serve.exposure`); a model or retrieval server that fails 502, one that
+misses its deadline 504 (`code` upstream_error / upstream_timeout), anything unforeseen 500.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rigkit.errors import InputError
+from rigkit.errors import InputError, UpstreamError
 from rigkit.retrieval.remote import search_result
 from rigkit.serve.exposure import Exposure, install_exposure, not_json
 from rigkit.serve.jobs import (
@@ -33,6 +35,7 @@ from rigkit.serve.jobs import (
     error_body,
     error_of,
     sse,
+    status_of,
     submit,
     wait_job,
 )
@@ -175,6 +178,7 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "invalid_body"}
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|list|dict|tuple|.*\[.*\])$")
 
 
@@ -214,6 +218,26 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def bad_request(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(error_of(exc), status_code=exc.status)
+
+    @app.exception_handler(UpstreamError)
+    async def upstream(request: Request, exc: UpstreamError) -> JSONResponse:
+        return JSONResponse(error_of(exc), status_code=status_of(exc))  # 502, or 504 past its deadline
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own refusals (an unknown route, a body it cannot parse) in rigkit's shape
+        if exc.status_code < 400:
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = "the body is not JSON rigkit can read (not UTF-8, or nested too deeply)"
+        return JSONResponse(error_body(message, code=_HTTP_CODES.get(exc.status_code)),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unforeseen(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this reply; the client gets the error shape, no traceback
+        return JSONResponse(error_of(exc), status_code=500)
 
     @app.exception_handler(ClientGone)
     async def gone(request: Request, exc: ClientGone) -> Response:

@@ -8,12 +8,12 @@ from typing import Any
 
 from fastapi import Request
 
-from rigkit.errors import InputError
+from rigkit.errors import InputError, UpstreamError
 from rigkit.serve.schemas import RequestError
 from rigkit.serve.service import RigService
 from rigkit.serve.worker import Job
 
-__all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "error_of", "RequestError",
+__all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "error_of", "status_of", "RequestError",
            "check_history"]
 
 
@@ -81,8 +81,24 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 def error_of(err: Exception) -> dict[str, Any]:
+    """`err` in OpenAI's error shape; what `status_of` says it is answered with."""
     if isinstance(err, InputError):
         return error_body(str(err), param="question")
     if isinstance(err, RequestError):
         return error_body(str(err), param=err.param, code=err.code)
-    return error_body(f"{type(err).__name__}: {err}", kind="server_error")
+    if isinstance(err, UpstreamError):
+        code = "upstream_timeout" if err.timed_out else "upstream_error"
+        return error_body(str(err), kind="server_error", code=code)
+    return error_body(f"{type(err).__name__}: {err}", kind="server_error", code="internal_error")
+
+
+def status_of(err: Exception) -> int:
+    """The HTTP status for a job's error: 422 bad input, 504 / 502 a server rigkit called missed
+    its deadline / failed, else 500."""
+    if isinstance(err, RequestError):
+        return err.status
+    if isinstance(err, InputError):
+        return 422
+    if isinstance(err, UpstreamError):
+        return 504 if err.timed_out else 502
+    return 500

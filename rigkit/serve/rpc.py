@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from rigkit.errors import InputError
+from rigkit.errors import InputError, UpstreamError
 from rigkit.serve.exposure import not_json
-from rigkit.serve.jobs import error_body, submit, wait_job
+from rigkit.serve.jobs import error_body, error_of, status_of, submit, wait_job
 from rigkit.serve.schemas import AskParams, SearchParams, history_too_large, lone_surrogate_at
 from rigkit.serve.service import AskOptions, RigService
 from rigkit.serve.worker import Busy, Draining
@@ -42,10 +42,12 @@ def add_rpc(app: FastAPI, service: RigService) -> None:
             return JSONResponse(error_body(f"/rpc takes Content-Type: application/json, not {media_type!r}",
                                            param="content-type", code="unsupported_media_type"), status_code=415)
         try:
-            payload = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            payload = json.loads(await request.body(), parse_constant=_no_constant)
+            broken = lone_surrogate_at(payload)
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, NaN, bytes that are not UTF-8
             return JSONResponse(_error(None, PARSE_ERROR, f"parse error: {err}"))
-        broken = lone_surrogate_at(payload)
+        except RecursionError:
+            return JSONResponse(_error(None, PARSE_ERROR, "parse error: the JSON is nested too deeply"))
         if broken:  # it could not even be echoed back (an `id`, a method name)
             return JSONResponse(_error(None, INVALID_REQUEST, f"invalid request: a lone surrogate in {broken}: "
                                        "text must be valid Unicode (UTF-8)"))
@@ -62,6 +64,10 @@ def add_rpc(app: FastAPI, service: RigService) -> None:
         return JSONResponse(reply, status_code=429 if busy else 200, headers=headers)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 async def _call(service: RigService, request: Request, item: Any) -> dict[str, Any] | None:
     if not isinstance(item, dict) or item.get("jsonrpc") != "2.0" or not isinstance(item.get("method"), str):
         return _error(item.get("id") if isinstance(item, dict) else None, INVALID_REQUEST,
@@ -72,6 +78,8 @@ async def _call(service: RigService, request: Request, item: Any) -> dict[str, A
         if not isinstance(params, dict):
             raise _RpcError(INVALID_PARAMS, "params must be an object (named parameters)")
         result = await _dispatch(service, request, item["method"], params)
+    except RecursionError:
+        return None if notification else _error(call_id, INVALID_PARAMS, "invalid params: nested too deeply")
     except _RpcError as err:
         return None if notification else _error(call_id, err.code, err.message, err.data)
     return None if notification else {"jsonrpc": "2.0", "id": call_id, "result": result}
@@ -109,6 +117,8 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
             raise _RpcError(SERVER_BUSY, str(err), {"retry_after": 0}) from err
         except InputError as err:
             raise _RpcError(INVALID_PARAMS, f"invalid params: {err}") from err
+        except UpstreamError as err:  # the model server failed (502) or missed its deadline (504)
+            raise _RpcError(INTERNAL, str(err), {"status": status_of(err), "code": error_of(err)["error"]["code"]}) from err
         except Exception as err:  # noqa: BLE001 - reported to the caller as an internal error
             raise _RpcError(INTERNAL, f"{type(err).__name__}: {err}") from err
         return json.loads(result.to_json())

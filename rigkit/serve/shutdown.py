@@ -5,8 +5,9 @@ connections already open, while the requests it holds run on: model jobs, and ri
 streams (`/chat`, `/v1/chat/completions`), which end when their answer does. Streams that never
 end by themselves, an MCP client's GET stream for server notifications, are closed at once. When
 the deadline passes, whatever still runs (a long generation, a client sending its body a byte at
-a time) is cut: a request not yet answered gets a 503, a stream is ended, the connection closed,
-and the process exits. A second signal exits at once.
+a time) is cut: a request not yet answered gets a 503, a stream ends with an error event
+(`code: shutting_down`; on `/v1/chat/completions` an error chunk and `[DONE]`, which OpenAI's SDK
+raises), the connection is closed, and the process exits. A second signal exits at once.
 
 uvicorn's own `timeout_graceful_shutdown` is the backstop a little after the deadline; the cut
 happens here first so that every response ends well-formed and nothing is logged as a crash.
@@ -65,11 +66,13 @@ class CutAtDeadline:
             self.shutdown.loop = asyncio.get_running_loop()
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        state = {"started": False, "complete": False}
+        state = {"started": False, "complete": False, "stream": False}
 
         async def tracked_send(message: dict) -> None:
             if message["type"] == "http.response.start":
                 state["started"] = True
+                kind = dict(message.get("headers") or []).get(b"content-type", b"")
+                state["stream"] = kind.startswith(b"text/event-stream")
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 state["complete"] = True
             await send(message)
@@ -89,7 +92,20 @@ class CutAtDeadline:
         if not state["started"]:
             await _shutting_down(send)
         elif not state["complete"]:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            last = _cut_event(scope.get("path", ""), self.shutdown.drain_seconds) if state["stream"] else b""
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+
+def _cut_event(path: str, seconds: float) -> bytes:
+    """The last event of a stream cut at the deadline, so that no client takes it for a finished
+    answer: an OpenAI stream's error chunk and `[DONE]` (its SDK raises the error), else rigkit's
+    `error` event."""
+    error = json.dumps({"message": f"the server shut down before this answer finished (cut at the "
+                                   f"{seconds:g} s shutdown deadline); the answer is incomplete",
+                        "type": "server_error", "param": None, "code": "shutting_down"})
+    if path.startswith("/v1/"):
+        return f'\ndata: {{"error": {error}}}\n\ndata: [DONE]\n\n'.encode()
+    return f"\nevent: error\ndata: {error}\n\n".encode()
 
 
 async def _shutting_down(send: Callable) -> None:
