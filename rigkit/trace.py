@@ -305,6 +305,7 @@ class RIGResult:
     suspicious: list[Suspicion] = field(default_factory=list)
     removed_citations: list[RemovedCitation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    request_id: str = ""  # the serving request's id (`X-Request-ID`), as its access-log line names it
     version: int = TRACE_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ ROUTES = [
     ("GET", "/health", None),
     ("GET", "/v1/models", None),
     ("GET", "/openapi.json", None),
+    ("GET", "/metrics", None),
     ("POST", "/chat", {"question": QUESTION}),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": QUESTION}]}),
     ("POST", "/retrieve", {"queries": ["Eiffel"], "topk": 1}),
@@ -137,6 +138,15 @@ def test_a_non_ascii_key_matches_its_utf8_token():
     with TestClient(create_app(make_service(), api_key="cl\u00e9", mcp=False), base_url=LOCAL) as client:
         assert client.get("/v1/models", headers={"Authorization": "Bearer cl\u00e9".encode()}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer cle"}).status_code == 401
+
+
+def test_metrics_need_the_key_as_every_route_does():
+    with TestClient(create_app(make_service(), api_key="s3cret", mcp=False), base_url=LOCAL) as client:
+        refused = client.get("/metrics")
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        ok = client.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.headers["content-type"].startswith("text/plain")
+        assert 'rigkit_requests_total{method="GET",route="/metrics",status="401"} 1.0' in ok.text
 
 
 def test_the_cli_warns_loudly_when_binding_beyond_loopback(capsys):

@@ -59,6 +59,7 @@ def server(tmp_path_factory):
         cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
+    proc.log_path = folder / "server.log"  # its stderr: the access log among it
 
     def log_tail() -> str:
         log.seek(0)
@@ -229,7 +230,7 @@ def test_a_rebound_host_and_a_foreign_origin_are_refused_on_every_route(server):
     """DNS rebinding (the page's own name now points here) and a page's cross-origin fetch."""
     base = server[0]
     port = base.rsplit(":", 1)[1]
-    calls = [("GET", "/v1/models", None), ("GET", "/openapi.json", None),
+    calls = [("GET", "/v1/models", None), ("GET", "/openapi.json", None), ("GET", "/metrics", None),
              ("POST", "/retrieve", {"queries": ["Eiffel Tower"]}),
              ("POST", "/chat", {"question": QUESTION, "options": {"max_tokens": 4, "decider": "never"}}),
              ("POST", "/rpc", {"jsonrpc": "2.0", "id": 1, "method": "rig.models"}),
@@ -246,6 +247,31 @@ def test_a_rebound_host_and_a_foreign_origin_are_refused_on_every_route(server):
     form = httpx.post(f"{base}/rpc", content=b'{"jsonrpc": "2.0", "id": 1, "method": "rig.models"}',
                       headers={"content-type": "text/plain"})
     assert form.status_code == 415
+
+
+def test_the_real_server_logs_each_request_and_serves_metrics(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, proc = server
+    reply = httpx.post(f"{base}/chat", json={"question": QUESTION, "options": {"max_tokens": 12}},
+                       headers={"X-Request-ID": "watch-1"}, timeout=300)
+    result = reply.json()
+    assert reply.headers["x-request-id"] == "watch-1" == result["request_id"]
+    deadline = time.monotonic() + hang_limit(5)
+    while not (lines := [x for x in proc.log_path.read_text().splitlines() if "request_id=watch-1 " in x]):
+        assert time.monotonic() < deadline, proc.log_path.read_text()[-2000:]
+        time.sleep(0.05)
+    [line] = lines
+    assert ("method=POST route=/chat status=200 " in line
+            and f"retrievals={result['used_retrieval_times']} prompt_tokens={result['tokens']['prompt']} "
+                f"generated_tokens={result['tokens']['generated']}" in line)
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)}
+    chat = [s for s in families["rigkit_requests"].samples
+            if s.labels == {"method": "POST", "route": "/chat", "status": "200"}]
+    assert chat and chat[0].value >= 1
+    assert families["rigkit_request_duration_seconds"].type == "histogram"
+    assert sum(s.value for s in families["rigkit_tokens"].samples if s.labels["kind"] == "generated") > 0
+    assert {"rigkit_retrievals", "rigkit_cache_tokens", "rigkit_queue_depth"} <= set(families)
 
 
 # -- (f) load, disconnects and shutdown -------------------------------------------------------------

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="another name this server answers to in the Host header, e.g. behind a proxy "
                         "(repeatable; other names get 421)")
+    p.add_argument("--access-log", default="-", metavar="FILE|-|off",
+                   help="one line per request (id, route, status, ms, retrievals, tokens): appended to FILE, "
+                        "- for stderr (default), off for none; metrics are at GET /metrics")
     p.set_defaults(func=run_serve)
     m = sub.add_parser("mcp", help="an MCP server over stdio with the search and ask tools")
     _common(m)
@@ -100,6 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError(f"--allow-origin: {err}") from err
     if not is_loopback(args.host):
         _warn_wide_bind(exposure, api_key is not None)
+    _access_log(args.access_log)
     config = _config(args)  # a bad --config or --set is refused before anything loads
     print(f"loading {config.generator.model} and the index...", file=sys.stderr)
     service = _service(args, config=config)
@@ -110,6 +114,25 @@ def run_serve(args: argparse.Namespace) -> int:
           f"{service.worker.workers} worker{'s' * (service.worker.workers > 1)})", file=sys.stderr, flush=True)
     server.run()
     return 0
+
+
+def _access_log(where: str) -> None:
+    """Where `rigkit.serve.access` lines go: a file (appended), stderr (-), or nowhere (off)."""
+    import logging
+
+    from rigkit.serve.metrics import ACCESS_LOG
+
+    if where == "off":
+        ACCESS_LOG.disabled = True
+        return
+    try:
+        handler = logging.StreamHandler(sys.stderr) if where == "-" else logging.FileHandler(where, encoding="utf-8")
+    except OSError as err:
+        raise InputError(f"--access-log {where}: cannot write there ({err.strerror})") from None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    ACCESS_LOG.addHandler(handler)
+    ACCESS_LOG.setLevel(logging.INFO)
+    ACCESS_LOG.propagate = False
 
 
 def _warn_wide_bind(exposure, authenticated: bool) -> None:

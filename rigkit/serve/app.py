@@ -1,4 +1,4 @@
-"""The FastAPI app: `/chat`, `/v1/chat/completions`, `/v1/models`, `/rpc`, `/retrieve`, `/mcp`.
+"""The FastAPI app: `/chat`, `/v1/chat/completions`, `/v1/models`, `/rpc`, `/retrieve`, `/mcp`, `/metrics`.
 
 Every handler validates, submits one job to the service's `ModelWorker` and relays what the run
 emits; the loop itself is `RIGController` (through `RigService`). Errors are one JSON shape,
@@ -39,6 +39,7 @@ from rigkit.serve.jobs import (
     submit,
     wait_job,
 )
+from rigkit.serve.metrics import ServeMetrics, install_metrics, note_searches
 from rigkit.serve.schemas import ChatCompletionRequest, ChatRequest, RetrieveRequest
 from rigkit.serve.service import AskOptions, RigService, round_summary
 from rigkit.serve.worker import Busy, CancelledJob, Draining, Job
@@ -75,7 +76,9 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
     app.state.service = service
     _install_errors(app)
     app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes, service=service)
-    install_exposure(app, exposure)  # outermost: a foreign Host or Origin is refused before anything runs
+    install_exposure(app, exposure)  # a foreign Host or Origin is refused before anything runs
+    # outermost: every request, a refused one too, gets an id, an access-log line and its metrics
+    install_metrics(app, ServeMetrics(depth=lambda: service.worker.depth, running=lambda: service.worker.running))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -96,6 +99,7 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> dict[str, Any]:
         hits = await asyncio.to_thread(service.search, body.queries, body.topk, body.filters, body.source)
+        note_searches(len(body.queries))
         return search_result(hits, body.return_scores)  # Search-R1's shape, rigkit's fields beside
 
     @app.post("/chat")

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request
 
 from rigkit.errors import InputError, UpstreamError
+from rigkit.serve.metrics import note_outcome
 from rigkit.serve.schemas import RequestError
 from rigkit.serve.service import RigService
 from rigkit.serve.worker import Job
@@ -42,8 +43,9 @@ class Pipe:
 
 
 def submit(service: RigService, pipe: Pipe | None, fn: Callable[[Job], Any]) -> Job:
-    """Queue `fn` on the worker (raises `Busy` / `Draining`); the pipe gets ("end", None) after."""
-    job = service.worker.submit(fn)
+    """Queue `fn` on the worker (raises `Busy` / `Draining`); the pipe gets ("end", None) after.
+    The answer it returns is stamped with the request's id and counted for its access-log line."""
+    job = service.worker.submit(lambda job: note_outcome(fn(job)))
     if pipe is not None:
         job.future.add_done_callback(lambda _: pipe.put(("end", None)))
     return job

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from rigkit.retrieval.filters import parse_filters
+from rigkit.serve.metrics import note_outcome
 from rigkit.serve.service import RigService, grounding_summary
 from rigkit.text import check_question
 
@@ -54,7 +55,7 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
         """Answer with the RIG loop: the cited answer, how many retrievals it used, the citations,
         and what the grounding checks flagged (suspicious sentences, warnings)."""
         check_question(question)
-        job = service.worker.submit(lambda job: service.ask(job, question))
+        job = service.worker.submit(lambda job: note_outcome(service.ask(job, question)))
         result = await asyncio.wrap_future(job.future)
         return {"answer": result.answer, "used_retrieval_times": result.used_retrieval_times,
                 "citations": result.citations, "low_confidence": result.low_confidence,

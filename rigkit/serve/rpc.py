@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from rigkit.errors import InputError, UpstreamError
 from rigkit.serve.exposure import not_json
 from rigkit.serve.jobs import error_body, error_of, status_of, submit, wait_job
+from rigkit.serve.metrics import note_searches
 from rigkit.serve.schemas import AskParams, SearchParams, history_too_large, lone_surrogate_at
 from rigkit.serve.service import AskOptions, RigService
 from rigkit.serve.worker import Busy, Draining
@@ -97,6 +98,7 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
             raise _RpcError(INVALID_PARAMS, "invalid params: give a non-empty query or queries")
         try:
             hits = await asyncio.to_thread(service.search, queries, p.topk, p.filters)
+            note_searches(len(queries))
         except InputError as err:  # a filter the index cannot answer: an unknown key, no match
             raise _RpcError(INVALID_PARAMS, f"invalid params: {err}", {"field": "filters"}) from err
         result = [[{"id": h.chunk_id, "title": h.title, "text": h.text, "score": h.score} for h in q] for q in hits]

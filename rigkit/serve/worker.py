@@ -13,6 +13,7 @@ is lost. `stop()` is for a server past its drain deadline: it cancels what is le
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 import time
@@ -41,13 +42,15 @@ class Draining(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """One unit of model work; `fn(job)` runs on a worker thread, whose index is `slot`."""
+    """One unit of model work; `fn(job)` runs on a worker thread, whose index is `slot`, in the
+    context it was queued from (its `contextvars`: the request it serves)."""
 
     fn: Callable[[Job], Any]
     slot: int | None = None
     future: Future = field(default_factory=Future)
     cancelled: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
 
 class ModelWorker:
@@ -159,7 +162,7 @@ class ModelWorker:
             try:
                 if job.cancelled.is_set():
                     raise Cancelled("cancelled before it started")
-                result = job.fn(job)
+                result = job.context.run(job.fn, job)
             except BaseException as err:  # noqa: BLE001 - every job gets exactly one outcome
                 if isinstance(err, Cancelled):
                     with self._cv:
