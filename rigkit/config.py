@@ -1,8 +1,8 @@
 """Run configuration: one frozen dataclass per component, nested in `RunConfig`.
 
-Precedence is defaults < YAML file < `--set section.key=value` settings < keyword overrides (the
-command line's own flags). Unknown keys are an error, so a typo in a config file never silently
-falls back to a default. Every default of a run lives here, once; the trailing comment of each
+Precedence is defaults < YAML file < `--set section.key=value` settings < the command line's own
+flags (settings too: rigkit/cli/flags.py); `apply_settings` is its one home. Unknown keys are an
+error, so a typo in a config file never silently falls back to a default. Every default of a run lives here, once; the trailing comment of each
 field is its documentation (`python -m rigkit.config` prints docs/config.md from them).
 """
 
@@ -40,6 +40,9 @@ __all__ = [
     "RunConfig",
     "load_config",
     "apply_settings",
+    "Setting",
+    "config_default",
+    "default_text",
     "field_docs",
     "config_reference",
 ]
@@ -204,6 +207,15 @@ class RunConfig:
         except ConfigError as err:
             raise ConfigError(f"{source}: {str(err).removeprefix('config.')}") from None
 
+    def with_decider(self, name: str | None) -> RunConfig:
+        """This config answering with decider `name`: another decider starts its section from the
+        defaults (a threshold or params meant for one decider mean nothing to another, e.g. a
+        file's prob threshold must not override a classifier's tuned one); the same name, or
+        None, keeps the section. The one place that rule lives."""
+        if name is None or name == self.decider.name:
+            return self
+        return dataclasses.replace(self, decider=DeciderConfig(name=name))
+
     def override(self, **sections: dict[str, Any]) -> RunConfig:
         """A copy with some fields replaced: `cfg.override(decider={"name": "entropy"})`."""
         merged = self.to_dict()
@@ -233,59 +245,82 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
     return config.override(**overrides) if overrides else config
 
 
-def apply_settings(config: RunConfig, settings: Sequence[str]) -> RunConfig:
-    """`config` with each `section.key=value` applied in order (the command line's `--set`).
+# One setting: "section.key=value" as `--set` takes it (the value read as YAML), or a typed
+# (section.key, value, label) from a command-line flag (label: how errors name it, e.g. "--top-k 0").
+Setting = str | tuple[str, Any, str]
 
-    The value is read as YAML (`5`, `0.3`, `true`, `null`, `[a, b]`, `{name: prob}`); a key that
+
+def apply_settings(config: RunConfig, settings: Sequence[Setting]) -> RunConfig:
+    """`config` with each setting applied in order (the command line's `--set`, then its flags).
+
+    A text value is read as YAML (`5`, `0.3`, `true`, `null`, `[a, b]`, `{name: prob}`); a key that
     names a string keeps the text as typed. A longer key walks into a mapping field:
     `decider.params.threshold=0.3`. The result is checked by the code that checks a config file.
-    `decider.name=` another decider starts that section from its defaults (as `--decider` does):
+    `decider.name=` another decider starts that section from its defaults (`RunConfig.with_decider`):
     the file's threshold and params were meant for the decider it names; the other `decider.*`
     settings then apply, in any order.
     """
-    parsed = [(setting, *_parse_setting(setting)) for setting in settings]
+    parsed = [_parse_setting(setting) for setting in settings]
     names = [value for _, keys, value in parsed if keys == ["decider", "name"]]
-    if names and names[-1] != config.decider.name:
-        config = dataclasses.replace(config, decider=DeciderConfig())
-    for setting, keys, value in parsed:
+    if names:
+        config = config.with_decider(names[-1])
+    for where, keys, value in parsed:
         data = config.to_dict()
-        _put(data, keys, value, setting)
+        _put(data, keys, value, where)
         try:
             config = RunConfig.from_dict(data)
         except ConfigError as err:
-            raise ConfigError(f"--set {setting}: {str(err).removeprefix('config.')}") from None
+            raise ConfigError(f"{where}: {str(err).removeprefix('config.')}") from None
     return config
 
 
-def _parse_setting(setting: str) -> tuple[list[str], Any]:
+def _parse_setting(setting: Setting) -> tuple[str, list[str], Any]:
+    """(how errors name it, the key's parts, the value)."""
+    if not isinstance(setting, str):
+        key, value, label = setting
+        return label, key.split("."), value
+    where = f"--set {setting}"
     key, equals, text = setting.partition("=")
     keys = key.strip().split(".")
     if not equals or len(keys) < 2 or not all(keys):
-        raise ConfigError(f"--set {setting}: expected section.key=value, e.g. retrieval.top_k=5")
+        raise ConfigError(f"{where}: expected section.key=value, e.g. retrieval.top_k=5")
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or "not valid YAML"
-        raise ConfigError(f"--set {setting}: the value is not valid YAML ({problem})") from None
+        raise ConfigError(f"{where}: the value is not valid YAML ({problem})") from None
     section = _SECTIONS.get(keys[0])
     hints = typing.get_type_hints(section) if section is not None and len(keys) == 2 else {}
     if hints.get(keys[1]) in (str, str | None) and value is not None and not isinstance(value, str):
         value = text.strip()  # `--set context.system_prompt=Answer: briefly` is text, not a mapping
-    return keys, value
+    return where, keys, value
 
 
-def _put(data: dict[str, Any], keys: list[str], value: Any, setting: str) -> None:
+def config_default(key: str) -> Any:
+    """The default of one `section.key` (e.g. "retrieval.top_k" -> 3): what `--help` shows."""
+    section, _, name = key.partition(".")
+    if section not in _SECTIONS or name not in {f.name for f in dataclasses.fields(_SECTIONS[section])}:
+        raise ConfigError(f"unknown config key {key!r}")
+    return _to_plain(getattr(_SECTIONS[section](), name))
+
+
+def default_text(value: Any) -> str:
+    """A default as docs/config.md and `--help` show it: YAML (`null`, `true`, `[]`, `3`)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _put(data: dict[str, Any], keys: list[str], value: Any, where: str) -> None:
     """Set data[k0][k1]...[kn] = value, naming the known keys when one is not there."""
     section, key, *deeper = keys
     if section not in data:
-        raise ConfigError(f"--set {setting}: unknown section {section!r}; known: {', '.join(data)}")
+        raise ConfigError(f"{where}: unknown section {section!r}; known: {', '.join(data)}")
     place = data[section]
     if key not in place:
-        raise ConfigError(f"--set {setting}: unknown key {key!r} in {section}; known: {', '.join(place)}")
+        raise ConfigError(f"{where}: unknown key {key!r} in {section}; known: {', '.join(place)}")
     path = f"{section}.{key}"
     for name in deeper:
         if not isinstance(place[key], dict):
-            raise ConfigError(f"--set {setting}: {path} is not a mapping, so it has no key {name!r}")
+            raise ConfigError(f"{where}: {path} is not a mapping, so it has no key {name!r}")
         place, key, path = place[key], name, f"{path}.{name}"
     place[key] = value
 
@@ -425,8 +460,7 @@ def _type_text(hint: Any) -> str:
 
 
 def _default_text(value: Any) -> str:
-    shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-    return f"`{shown}`"
+    return f"`{default_text(value)}`"
 
 
 if __name__ == "__main__":

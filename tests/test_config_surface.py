@@ -134,8 +134,9 @@ def test_bad_settings_name_the_setting_and_what_is_allowed(setting, words):
 def test_precedence_defaults_file_settings_flags(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("retrieval:\n  top_k: 2\n  mode: bm25\ngenerator:\n  model: from-file\n")
-    args = argparse.Namespace(config=str(path), settings=["retrieval.top_k=4", "generator.model=from-set"])
-    config = run_config(args, generator={"model": "from-flag"}, retrieval={"mode": None})
+    args = build_parser().parse_args(["search", "dir", "q", "--config", str(path), "--set", "retrieval.top_k=4",
+                                      "--set", "generator.model=from-set", "--model", "from-flag"])
+    config = run_config(args)
     assert config.retrieval.top_k == 4  # --set over the file
     assert config.retrieval.mode == "bm25"  # an unset flag keeps the file's value
     assert config.generator.model == "from-flag"  # the everyday flag over --set
@@ -149,7 +150,7 @@ COMMANDS = [
     ["ask", "q"], ["search", "dir", "q"], ["index", "build", "--out", "o"],
     ["eval", "--qa", "q", "--out", "o"], ["eval-retrieval", "--qa", "q"], ["serve"], ["mcp"],
     ["trigger", "build-labels", "--qa", "q", "--out", "o"],
-    ["trigger", "eval", "--labels", "l", "--model", "m"],
+    ["trigger", "eval", "--labels", "l", "--trigger-model", "m"],
     ["markers", "build-data", "--qa", "q", "--out", "o"], ["markers", "train", "--data", "d", "--out", "o"],
     ["markers", "eval"], ["config"],
 ]

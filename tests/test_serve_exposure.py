@@ -154,7 +154,7 @@ def test_the_cli_warns_loudly_when_binding_beyond_loopback(capsys):
 
     _warn_wide_bind(Exposure(bind="0.0.0.0"), authenticated=False)
     err = capsys.readouterr().err
-    assert err.count("WARNING") == 2 and "--api-key-env" in err and "--allow-host" in err
+    assert err.count("WARNING") == 2 and "--server-key-env" in err and "--allow-host" in err
 
 
 def test_the_cli_refuses_an_allowed_origin_that_is_not_an_origin_before_loading(capsys):

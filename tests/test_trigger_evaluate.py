@@ -91,7 +91,7 @@ def test_cli_train_and_eval_json(tmp_path, capsys):
     trained = json.loads(capsys.readouterr().out)
     assert trained["features"] == ["probability"] and model_path.exists()
     html = tmp_path / "fig.html"
-    assert _cli(["trigger", "eval", "--labels", str(labels_path), "--model", str(model_path),
+    assert _cli(["trigger", "eval", "--labels", str(labels_path), "--trigger-model", str(model_path),
                  "--json", "--html", str(html)]) == 0
     out = json.loads(capsys.readouterr().out)
     for name in ("classifier", "prob", "entropy", "keyword"):

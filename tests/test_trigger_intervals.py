@@ -105,12 +105,12 @@ def test_cli_eval_prints_intervals_and_cross_runs_in_one_command(tmp_path, capsy
     first = _other_set(synthetic_labels(45, seed=1), "w", "2wikimultihopqa", tmp_path).save(tmp_path / "a.jsonl")
     second = _other_set(synthetic_labels(45, seed=2), "m", "musique", tmp_path).save(tmp_path / "b.jsonl")
     model = save_trigger(train_trigger(load_labels(first), features=("probability",)), tmp_path / "m.skops")
-    assert _cli(["trigger", "eval", "--labels", str(first), "--model", str(model), "--json",
+    assert _cli(["trigger", "eval", "--labels", str(first), "--trigger-model", str(model), "--json",
                  "--bootstrap", "100"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["bootstrap"]["resamples"] == 100
     assert all(len(m["roc_auc_ci"]) == 2 for m in out["signals"].values())
-    assert _cli(["trigger", "eval", "--labels", str(first), "--model", str(model), "--bootstrap", "100"]) == 0
+    assert _cli(["trigger", "eval", "--labels", str(first), "--trigger-model", str(model), "--bootstrap", "100"]) == 0
     assert "ROC-AUC [95% CI]" in capsys.readouterr().out
     saved = tmp_path / "cross.json"
     assert _cli(["trigger", "cross", "--labels", str(first), str(second), "--features", "probability",

@@ -10,7 +10,7 @@ import traceback
 
 from rigkit.errors import RigkitError
 
-__all__ = ["main", "add_config_options", "add_rerank_option", "run_config", "check_text", "check_model_path",
+__all__ = ["main", "add_config_options", "run_config", "check_config", "check_text", "check_model_path",
            "check_out", "safe_terminal"]
 
 # Each module adds its sub-commands and sets `func(args) -> int` on its parsers.
@@ -82,21 +82,16 @@ def add_config_options(parser: argparse.ArgumentParser, what: str = "") -> None:
                              "command's own flags)")
 
 
-def add_rerank_option(parser: argparse.ArgumentParser) -> None:
-    """`--rerank [upr|MODEL]`: retrieval.rerank (bare `--rerank` is upr, the generator's own score)."""
-    parser.add_argument("--rerank", nargs="?", const="upr", default=None, metavar="upr|MODEL",
-                        help="rerank retrieval.rerank_candidates hits (20) and keep top-k: upr (the "
-                             "generator scores log p(query | passage); the default of a bare "
-                             "--rerank), none, or a cross-encoder hub id / path")
-
-
-def run_config(args: argparse.Namespace, **flags: dict):
-    """Defaults < the `--config` file < `--set` < `flags` (section -> {key: value}, None = unset):
-    the command's own everyday options (`--model`, `--index` ...)."""
+def run_config(args: argparse.Namespace, leave_out: tuple[str, ...] = ()):
+    """Defaults < the `--config` file < `--set` < the command's table flags (rigkit/cli/flags.py,
+    as settings; `leave_out`: flags the command applies itself), checked by `check_config`."""
+    from rigkit.cli.flags import flag_settings
     from rigkit.config import apply_settings, load_config
 
-    config = apply_settings(load_config(args.config), args.settings)
-    return config.override(**flags) if flags else config
+    settings = [*getattr(args, "settings", []), *flag_settings(args, leave_out)]
+    config = apply_settings(load_config(getattr(args, "config", None)), settings)
+    check_config(config)
+    return config
 
 
 # -- checks every command runs before loading a model or an index ---------------------------------
@@ -161,6 +156,17 @@ def check_out(path: str, kind: str = "folder") -> None:
 def safe_terminal(text: str) -> str:
     """Text from documents made safe to print: control characters (escape sequences) escaped."""
     return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in str(text))
+
+
+def check_config(config) -> None:
+    """What every command checks in a run config before anything loads: the decider's and the
+    query mode's names, and the decider's params (named and typed as its constructor says)."""
+    from rigkit.deciders import check_decider_name
+    from rigkit.queries import check_query_mode
+
+    check_decider_name(config.decider.name)
+    check_query_mode(config.query.mode)
+    check_decider_params(config.decider)
 
 
 def check_decider_params(config) -> None:

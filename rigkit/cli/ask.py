@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 from rigkit.citations import source_label
-from rigkit.cli import add_config_options, add_rerank_option
-from rigkit.cli.sources import add_source_flags, source_overrides
-from rigkit.config import DeciderConfig, apply_settings, load_config
+from rigkit.cli import add_config_options
+from rigkit.cli.flags import add_flags, add_generator_flags, add_source_flags
 from rigkit.errors import InputError
 from rigkit.trace import RIGResult, RoundTrace
 
@@ -21,87 +19,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ask", help="answer a question with retrieval-interleaved generation")
     p.add_argument("question")
     add_source_flags(p, "a saved index folder (rigkit index build)")
-    p.add_argument("--model", help="smollm2-135m-instruct (default), a hub id or a local path")
-    p.add_argument("--decider", help="marker|prob|entropy|keyword|classifier|composite|always|every_n|never")
-    p.add_argument("--threshold", type=float, help="the decider's threshold")
-    p.add_argument("--query-mode", help="marker|masked|rewrite|keywords|attention|multi "
-                   "(multi: up to query.max_subqueries searches, merged by RRF)")
-    p.add_argument("--marker-protocol", metavar="NAME|PATH",
-                   help="openrig (default) | search-r1 | r1-searcher | self-rag | a .yaml/.json protocol file; "
-                        "implies --decider marker --query-mode marker unless they are given")
-    p.add_argument("--trigger-model", help="trained classifier file for --decider classifier")
-    p.add_argument("--max-rounds", type=int, help="retrieval rounds before finishing from context")
-    p.add_argument("--policy", choices=["auto", "continue", "regenerate"],
-                   help="after retrieval keep the sentence and continue, or regenerate it "
-                        "(auto: the decider's own policy)")
-    p.add_argument("--layout", choices=["append", "prefix"], help="where passages go in the context")
-    p.add_argument("--no-cache", action="store_true", help="do not reuse the KV cache across rounds")
-    p.add_argument("--grounded", action="store_true",
-                   help="answer only from the passages and cite them as [n]; unseen citations are removed "
-                        "(context.grounding=strict, context.cite=model)")
-    add_rerank_option(p)
-    p.add_argument("--filter", action="append", metavar="KEY=VALUE",
-                   help="search only chunks whose metadata passes, repeatable: lang=en, year>=1990, "
-                   "modified<2024-01-01 (replaces retrieval.filters; docs/retrieval.md)")
+    add_flags(p, "--decider", "--threshold", "--query-mode", "--marker-protocol", "--trigger-model",
+              "--max-rounds", "--policy", "--layout", "--no-cache", "--grounded", "--rerank", "--filter")
     add_generator_flags(p)
     add_config_options(p)
     p.add_argument("--json", action="store_true", help="print exactly the RIGResult JSON on stdout")
+    p.epilog = ("--marker-protocol implies --decider marker --query-mode marker unless a decider is "
+                "given (by flag, --set or --config)")
     p.set_defaults(func=run)
-
-
-def add_generator_flags(p: argparse.ArgumentParser) -> None:
-    """Where the model runs: in-process on a device, or behind an OpenAI-compatible server."""
-    g = p.add_argument_group("generator")
-    g.add_argument("--backend", choices=["hf", "openai"], help="hf: in-process (default); openai: a served model")
-    g.add_argument("--base-url", help="the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1")
-    g.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
-    g.add_argument("--tokenizer", help="the served model's tokenizer (hub id or path; default: --model)")
-    g.add_argument("--top-logprobs", type=int, help="top-k log-probabilities per token from the server (20)")
-    g.add_argument("--device", help="auto|cpu|cuda|cuda:N|mps (in-process)")
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights' dtype (in-process)")
-    g.add_argument("--device-map", help="e.g. auto: shard a model over several GPUs (accelerate)")
-    g.add_argument("--attn-implementation", help="sdpa (default) | eager | flash_attention_2 ...")
-    g.add_argument("--trust-remote-code", action="store_true", default=None,
-                   help="run the model repository's own code (only for repositories you trust)")
-
-
-def generator_overrides(args: argparse.Namespace) -> dict:
-    """The generator flags as a config override (None = keep the file's / default value)."""
-    return {
-        "model": args.model, "use_cache": False if getattr(args, "no_cache", False) else None,
-        "backend": args.backend, "base_url": args.base_url, "api_key_env": args.api_key_env,
-        "tokenizer": args.tokenizer, "top_logprobs": args.top_logprobs, "device": args.device,
-        "dtype": args.dtype, "device_map": args.device_map,
-        "attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code,
-    }
 
 
 def run(args: argparse.Namespace) -> int:
     from rigkit.build import build_controller, uses_markers
-    from rigkit.cli import check_decider_params, check_index, check_model_path, check_text
+    from rigkit.cli import check_index, check_model_path, check_text, run_config
     from rigkit.markers import resolve_protocol
     from rigkit.retrieval.filters import parse_filters
 
     check_text(args.question)
     check_model_path(args.model)
-    base = load_config(args.config)
-    decider, query_mode = args.decider, args.query_mode
-    if args.marker_protocol and not decider and not uses_markers(base):
-        decider, query_mode = "marker", query_mode or "marker"  # a tag protocol is the model's own call
-    if decider and decider != base.decider.name:
-        # another decider: the file's threshold and params were meant for the one it names
-        base = dataclasses.replace(base, decider=DeciderConfig(name=decider))
-    config = apply_settings(base, args.settings).override(
-        generator=generator_overrides(args),
-        retrieval={**source_overrides(args), "rerank": args.rerank, "filters": args.filter},
-        decider={"name": decider, "threshold": args.threshold, "trigger_model": args.trigger_model},
-        query={"mode": query_mode},
-        context={"layout": args.layout, "marker_protocol": args.marker_protocol,
-                 "grounding": "strict" if args.grounded else None, "cite": "model" if args.grounded else None},
-        controller={"max_rounds": args.max_rounds, "policy": args.policy},
-    )
-    _check_names(config.decider.name, config.query.mode)
-    check_decider_params(config.decider)
+    config = run_config(args)
+    if args.marker_protocol and not args.decider and not uses_markers(config):
+        # a tag protocol is the model's own call
+        args.decider, args.query_mode = "marker", args.query_mode or "marker"
+        config = run_config(args)
     for index in [config.retrieval.index, *(s.index for s in config.retrieval.sources)]:
         check_index(index)
     parse_filters(config.retrieval.filters)  # a malformed filter fails now; its keys with the index
@@ -151,15 +91,6 @@ class _TokenPrinter:
         if self.open:
             print(file=self.out)
             self.open = False
-
-
-def _check_names(decider: str, query_mode: str) -> None:
-    """Fail before loading a model when a name is wrong."""
-    from rigkit.deciders import check_decider_name
-    from rigkit.queries import check_query_mode
-
-    check_decider_name(decider)
-    check_query_mode(query_mode)
 
 
 def _check_generator(g) -> None:

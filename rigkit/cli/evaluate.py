@@ -28,28 +28,25 @@ tokenizer=Qwen/Qwen3-0.6B,size=0.6 (docs/evaluation.md). `rigkit report DIR` reb
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from rigkit.cli import add_config_options, add_rerank_option
+    from rigkit.cli import add_config_options
+    from rigkit.cli.flags import add_flags, add_generator_flags
 
     ev = subparsers.add_parser(
         "eval", help="evaluate closed-book, RAG and RIG systems on a QA set (resumable)",
         epilog=EVAL_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     ev.add_argument("--qa", required=True, help="qa.jsonl of a data set (data/<set>/qa.jsonl)")
-    ev.add_argument("--index", help="saved index folder (`rigkit index build`); "
-                    "default: retrieval.index / corpus of --config")
+    add_flags(ev, "--index")
     ev.add_argument("--systems", default="closed_book,rag,rig:prob",
                     help="comma-separated systems (default: %(default)s)")
     ev.add_argument("--runs", type=int, default=1, help="repeats with seeds seed+0..N-1")
     ev.add_argument("--limit", type=int, help="only the first N questions (after --split)")
-    ev.add_argument("--layout", choices=("append", "prefix"),
-                    help="passages after the draft (append, cache-friendly) or rebuilt in front "
-                    "of the question each round (prefix, FLARE/DRAGIN); default: the config's")
+    add_flags(ev, "--layout")  # a system's own @append / @prefix wins
     add_config_options(ev, "; model, deciders...")
-    ev.add_argument("--model", help="generator: short name, hub id or local path "
-                    "(overrides generator.model of --config)")
+    add_generator_flags(ev)
     ev.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
                     help="stored split of the data set to evaluate (default: %(default)s)")
     ev.add_argument("--out", required=True, help="run folder: results.jsonl, meta.json, report")
-    add_rerank_option(ev)
+    add_flags(ev, "--rerank")
     ev.add_argument("--no-faithfulness", action="store_true",
                     help="skip the embedding-based faithfulness check")
     ev.add_argument("--no-traces", action="store_true", help="do not keep full traces")
@@ -106,13 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from rigkit.cli import (
-        check_decider_params,
-        check_index,
-        check_model_path,
-        check_out,
-        run_config,
-    )
+    from rigkit.cli import check_index, check_model_path, check_out, run_config
+    from rigkit.cli.flags import flag_settings
     from rigkit.errors import InputError
     from rigkit.eval.experiment import evaluate
     from rigkit.eval.runner import parse_shard
@@ -125,15 +117,13 @@ def _run_eval(args: argparse.Namespace) -> int:
     for flag, path in (("--qa", args.qa), ("--config", args.config)):
         if path and not Path(path).exists():
             raise InputError(f"{flag} {path}: file not found")
-    if args.rerank:  # a setting like any other, so the run folder records it
-        args.settings = [*args.settings, f"retrieval.rerank={args.rerank}"]
-    config = run_config(args)  # checked here: before the model loads
-    check_decider_params(config.decider)
+    config = run_config(args, leave_out=("--index",))  # checked here: before the model loads
     check_index(args.index or config.retrieval.index)
+    # the flags as settings, so the run folder records them; --index is resolved to a full path
+    settings = [*args.settings, *flag_settings(args, leave_out=("--index",))]
     summary = evaluate(
         args.qa, args.out, args.systems, index=args.index, config=args.config,
-        settings=args.settings, runs=args.runs,
-        limit=args.limit, layout=args.layout, split=args.split, model=args.model,
+        settings=settings, runs=args.runs, limit=args.limit, split=args.split,
         faithfulness=not args.no_faithfulness, traces=not args.no_traces,
         progress=not args.no_progress and not args.json, concurrency=args.concurrency,
         shard=args.shard, ray=args.ray,

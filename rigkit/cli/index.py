@@ -34,33 +34,25 @@ def register(subparsers) -> None:
 
 def _add_build(actions) -> None:
     from rigkit.cli import add_config_options
+    from rigkit.cli.flags import add_flags, deprecated_alias
 
     build = actions.add_parser(
         "build", help="chunk a corpus and build BM25 + vector indexes",
         description="Chunk a corpus and build both indexes with the retrieval section of the run "
         "config: embedding_model, embedding_precision, chunk_size, overlap, bm25_method, k1, b, dense_index, "
-        "dense_backend and the milvus_* keys (e.g. --set retrieval.dense_index=hnsw; docs/config.md).")
-    build.add_argument("--corpus", help="a JSONL, .pdf, .docx, .html, .md or .txt file, or a folder "
-                       "of them (default: retrieval.corpus of --config); rebuilding into the same "
-                       "--out re-embeds only new and changed files")
+        "dense_backend and the milvus_* keys (e.g. --set retrieval.dense_index=hnsw; docs/config.md). "
+        "Rebuilding into the same --out re-embeds only new and changed files.")
+    add_flags(build, "--corpus")
     build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
     add_config_options(build)
-    build.add_argument("--chunk-size", type=int, default=None,
-                       help="retrieval.chunk_size: tokens per chunk (default and maximum: the "
-                       "model's input limit, 256 for MiniLM)")
+    add_flags(build, "--chunk-size")
     build.add_argument(
         "--no-split",
         action="store_true",
         help="one chunk per document (the model truncates long ones; a warning counts them)",
     )
-    build.add_argument("--backend", choices=("faiss", "milvus"), default=None,
-                       help="retrieval.dense_backend: where the vectors live (default faiss, a file "
-                       "in --out; milvus: a Milvus collection, docs/retrieval.md#milvus)")
-    build.add_argument("--milvus-uri", metavar="URI",
-                       help="retrieval.milvus_uri (default http://127.0.0.1:19530)")
-    build.add_argument("--milvus-collection", metavar="NAME",
-                       help="retrieval.milvus_collection: the alias the build points at its "
-                       "collection (default rigkit_ + the --out folder's name)")
+    add_flags(build, "--dense-backend", "--milvus-uri", "--milvus-collection")
+    deprecated_alias(build, "--backend", "--dense-backend")
     build.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
     build.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     build.add_argument("--strict", action="store_true",
@@ -96,36 +88,31 @@ def _add_attach(actions) -> None:
 
 
 def _add_search(subparsers) -> None:
-    from rigkit.cli import add_config_options, add_rerank_option
+    from rigkit.cli import add_config_options
+    from rigkit.cli.flags import add_flags, add_generator_flags
 
     search = subparsers.add_parser("search", help="ranked hits for a query from a saved index")
     search.add_argument("dir", help="index folder")
     search.add_argument("query")
-    search.add_argument("--mode", choices=("bm25", "dense", "hybrid"),
-                        help="retrieval.mode (default hybrid)")
-    search.add_argument("--top-k", type=int, default=5, help="hits to print (default 5)")
-    search.add_argument("--bm25-backend", choices=("bm25s", "rank_bm25"),
-                        help="retrieval.bm25_backend (default bm25s)")
+    add_flags(search, "--mode", "--top-k", "--bm25-backend")
     search.add_argument(
         "--embedding-model", default=None, help="refuse the index unless built with it"
     )
-    add_rerank_option(search)
-    search.add_argument("--filter", action="append", metavar="KEY=VALUE",
-                        help="only chunks whose metadata passes, repeatable: lang=en, year>=1990, "
-                        "modified<2024-01-01, page<=3, source=a.pdf,b.pdf (replaces retrieval.filters)")
+    add_flags(search, "--rerank", "--filter")
     add_config_options(search)
+    add_generator_flags(search)  # the upr reranker scores with the generator
     search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     search.set_defaults(func=_search)
 
 
 def _add_eval(subparsers) -> None:
-    from rigkit.cli import add_config_options, add_rerank_option
+    from rigkit.cli import add_config_options
+    from rigkit.cli.flags import add_flags, add_generator_flags
 
     ev = subparsers.add_parser(
         "eval-retrieval", help="recall@k and MRR of bm25/dense/hybrid on a QA set"
     )
-    ev.add_argument("--index", help="index folder built from the set's corpus "
-                    "(default: retrieval.index of --config)")
+    add_flags(ev, "--index")
     ev.add_argument("--qa", required=True, help="QA JSONL in the shared format")
     ev.add_argument(
         "--by",
@@ -140,15 +127,14 @@ def _add_eval(subparsers) -> None:
         help="only that split's questions (splits.json beside the QA file)",
     )
     ev.add_argument("--modes", default="bm25,dense,hybrid")
-    ev.add_argument("--bm25-backend", choices=("bm25s", "rank_bm25"),
-                    help="retrieval.bm25_backend (default bm25s)")
-    add_rerank_option(ev)  # adds the mode hybrid+rerank: the hybrid's candidates reranked
+    add_flags(ev, "--bm25-backend", "--rerank")  # --rerank adds the mode hybrid+rerank
     ev.add_argument("--multi-query", type=int, metavar="N",
                     help="adds the modes multi and multi+q: the model writes up to N queries per "
                     "question (query mode multi), their hybrid lists merged by RRF (+q: with the "
                     "question's own list); with --rerank also multi+rerank and multi+q+rerank, "
                     "each search reranked before the merge")
     add_config_options(ev)
+    add_generator_flags(ev)  # --multi-query and the upr reranker generate
     ev.add_argument("--json", action="store_true", help='print {mode: {"recall@1", ..., "mrr"}}')
     ev.set_defaults(func=_eval)
 
@@ -168,9 +154,7 @@ def _build(args: argparse.Namespace) -> int:
     from rigkit.retrieval.milvus import MilvusTarget
 
     check_out(args.out)
-    r = run_config(args, retrieval={"corpus": args.corpus, "chunk_size": args.chunk_size,
-                                    "dense_backend": args.backend, "milvus_uri": args.milvus_uri,
-                                    "milvus_collection": args.milvus_collection}).retrieval
+    r = run_config(args).retrieval
     use_user_dict(r.user_dict)
     if r.corpus is None:
         raise InputError("index build needs a corpus: --corpus FILE (or retrieval.corpus in --config)")
@@ -259,13 +243,12 @@ def _search(args: argparse.Namespace) -> int:
     check_text(args.query, "the query")
     from rigkit.build import with_filters
 
-    config = run_config(args, retrieval={"mode": args.mode, "bm25_backend": args.bm25_backend,
-                                         "rerank": args.rerank, "filters": args.filter})
+    config = run_config(args)
     r = config.retrieval
     use_user_dict(r.user_dict)
     index = Index.load(args.dir, embedding_model=args.embedding_model, milvus_uri=r.milvus_uri,
                        milvus_token_env=r.milvus_token_env)
-    hits = _reranked(with_filters(_retriever(index, r), r), config).search(args.query, args.top_k)
+    hits = _reranked(with_filters(_retriever(index, r), r), config).search(args.query, r.top_k)
     if args.json:
         print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=1))
         return 0
@@ -321,8 +304,7 @@ def _eval(args: argparse.Namespace) -> int:
         evaluate_retrieval,
     )
 
-    config = run_config(args, retrieval={"index": args.index, "bm25_backend": args.bm25_backend,
-                                         "rerank": args.rerank})
+    config = run_config(args)
     r = config.retrieval
     use_user_dict(r.user_dict)
     if r.index is None:

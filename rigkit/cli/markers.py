@@ -13,6 +13,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from rigkit.cli import add_config_options
+    from rigkit.cli.flags import add_generator_flags
     from rigkit.config import GeneratorConfig
 
     parser = subparsers.add_parser(
@@ -28,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="train", choices=["train", "dev"],
                    help="questions of this split only (test is never used)")
     p.add_argument("--out", required=True, help="JSONL file to write")
-    p.add_argument("--model", default=None, help="model whose chat template and tokenizer to use")
     add_config_options(p, " (context settings, model)")
+    add_generator_flags(p)  # the model whose chat template and tokenizer the transcripts use
     p.add_argument("--max-tokens", type=int, default=512, help="skip longer transcripts")
     p.add_argument("--closed-share", type=float, default=0.15,
                    help="share of questions that also get an all-facts-given negative")
@@ -44,9 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="JSONL written by build-data")
     p.add_argument("--out", required=True, help="adapter folder (checkpoints go inside)")
     p.add_argument("--eval-data", help="dev transcripts for early stopping")
-    p.add_argument("--model", help="base model spec (default: generator.model of the config, "
-                   f"{GeneratorConfig.model})")
     add_config_options(p, " (the base model and where it runs)")
+    add_generator_flags(p)  # --model: the base model the adapter is trained on
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
     p.add_argument("--top-layers", type=int, default=None,
@@ -75,9 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", nargs="+", metavar="FILE",
                    help="print the table from rows written by earlier --out runs instead (e.g. one per set)")
     p.add_argument("--split", default="test", choices=["train", "dev", "test"])
-    p.add_argument("--model", default="smollm2-135m-instruct+markers", help="the tuned model")
-    p.add_argument("--base-model", default=GeneratorConfig.model, help="model for FLARE's queries")
+    p.add_argument("--model", default="smollm2-135m-instruct+markers",
+                   help="the tuned model: short name, hub id or local path (default: %(default)s)")
+    p.add_argument("--base-model", default=GeneratorConfig.model,
+                   help="the model FLARE's queries and the baselines use (default: %(default)s)")
     add_config_options(p, " (default: configs/cpu.yaml)")
+    add_generator_flags(p, leave_out=("--model",))  # where both models run
     p.add_argument("--limit", type=int, default=None, help="first N questions per set")
     p.add_argument("--end-effect", action="store_true",
                    help="also score answers (Cover EM / F1) of rig:marker, rig:prob, rag, closed-book")
@@ -97,7 +100,7 @@ def _build_data(args: argparse.Namespace) -> int:
     from rigkit.cli import run_config
     from rigkit.finetune.data import build_marker_data, write_examples
 
-    config = run_config(args, generator={"model": args.model})
+    config = run_config(args)
     generator = build_generator(config.generator)  # device, dtype, backend from the config
     context = replace(config.context, max_passage_tokens=min(config.context.max_passage_tokens, 80))
     examples, stats = [], Counter()
@@ -127,7 +130,7 @@ def _train(args: argparse.Namespace) -> int:
         time_budget_min=args.time_budget, eval_every=args.eval_every, eval_examples=args.eval_examples, save_every=args.save_every,
         patience=args.patience, keep=args.keep, seed=args.seed,
     )
-    base = run_config(args, generator={"model": args.model}).generator
+    base = run_config(args).generator
     generator = build_generator(base)
     command = "rigkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     report = train_markers(args.data, args.out, generator, config, eval_path=args.eval_data,
@@ -144,6 +147,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from rigkit.cli.flags import flag_settings
     from rigkit.finetune.evaluate import MarkerEvalReport, evaluate_markers, load_rows
 
     if args.rows:
@@ -157,7 +161,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise InputError("markers eval needs --qa (or --rows from earlier runs)")
     report = evaluate_markers(
         args.qa, split=args.split, model=args.model, base_model=args.base_model,
-        config_path=args.config, settings=args.settings, limit=args.limit, end_effect=args.end_effect, rows_path=args.out,
+        config_path=args.config, settings=[*args.settings, *flag_settings(args)], limit=args.limit, end_effect=args.end_effect, rows_path=args.out,
     )
     print(json.dumps(report.to_dict()) if args.json else report.table())
     return 0

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from rigkit.cli.flags import add_generator_flags, add_source_flags, deprecated_alias
 from rigkit.errors import InputError
 from rigkit.serve.shutdown import DRAIN_SECONDS  # a constant; the server itself loads lazily
 
@@ -14,7 +15,9 @@ __all__ = ["register"]
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the RIG loop over HTTP (OpenAI-compatible, JSON-RPC, MCP)")
-    _common(p)
+    # --api-key-env is the server's own key here until its deprecated spelling goes: the model
+    # server's key is --set generator.api_key_env=VAR meanwhile
+    _common(p, leave_out=("--api-key-env",))
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--max-queue", type=int, default=8, help="requests waiting for a free worker before 429")
@@ -25,7 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="on SIGTERM, how long in-flight requests may run on before they are cut "
                         f"(default {DRAIN_SECONDS:g}; a second signal exits at once)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413")
-    p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every route")
+    p.add_argument("--server-key-env", metavar="VAR",
+                   help="require 'Authorization: Bearer $VAR' on every route (VAR: an environment variable)")
+    deprecated_alias(p, "--api-key-env", "--server-key-env",
+                     " for serve (it names the model server's key on other commands)")
     p.add_argument("--no-mcp", action="store_true", help="do not mount the MCP server under /mcp")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed to call the API, e.g. http://localhost:3000 (repeatable; "
@@ -56,23 +62,21 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
     from rigkit.cli import add_config_options
-    from rigkit.cli.sources import add_source_flags
 
     add_config_options(p)
-    p.add_argument("--model", help="smollm2-135m-instruct (default), a hub id or a local path")
     add_source_flags(p)
     p.add_argument("--tool-result-tokens", type=int, help="cap on each tool result shown to the model "
                    "(default: the config's max_passage_tokens)")
+    add_generator_flags(p, leave_out)
 
 
 def _config(args: argparse.Namespace):
-    """The run config: defaults < --config < --set < --model / --corpus / --index / --retriever."""
+    """The run config: defaults < --config < --set < the flags."""
     from rigkit.cli import run_config
-    from rigkit.cli.sources import source_overrides
 
-    return run_config(args, generator={"model": args.model}, retrieval=source_overrides(args))
+    return run_config(args)
 
 
 def _service(args: argparse.Namespace, load_model: bool = True, config=None):
@@ -93,10 +97,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise InputError(f"rigkit serve needs the serve extra: pip install 'rigkit[serve]' ({err})") from err
     api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
+    if args.server_key_env:
+        api_key = os.environ.get(args.server_key_env)
         if not api_key:
-            raise InputError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset")
+            raise InputError(f"--server-key-env {args.server_key_env}: that environment variable is empty or unset")
     try:
         exposure = Exposure(bind=args.host, hosts=tuple(args.allow_host), origins=tuple(args.allow_origin))
     except ValueError as err:
@@ -143,7 +147,7 @@ def _warn_wide_bind(exposure, authenticated: bool) -> None:
              + " (add others with --allow-host)"]
     if not authenticated:
         lines.append("  WARNING: no authentication: anyone who can reach this port can read the corpus and "
-                     "run the model; set a key with --api-key-env VAR")
+                     "run the model; set a key with --server-key-env VAR")
     print("\n".join(lines), file=sys.stderr)
 
 

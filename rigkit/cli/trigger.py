@@ -12,6 +12,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from rigkit.cli import add_config_options
+    from rigkit.cli.flags import add_flags, add_generator_flags, deprecated_alias
 
     parser = subparsers.add_parser(
         "trigger", help="train and evaluate a retrieval-trigger classifier",
@@ -29,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rule", default="any", help="r1 | r2 | any | all (all are stored)")
     p.add_argument("--min-gain", type=float, default=0.5, help="r1: token-F1 gain that counts")
     add_config_options(p, " (generator, answer length)")
-    p.add_argument("--model", help="generator spec (default: the config's)")
-    p.add_argument("--max-answer-tokens", type=int, help="cap each answer (labels the first sentences)")
+    add_flags(p, "--max-answer-tokens")  # a short cap labels the first sentences only
+    add_generator_flags(p)
     p.add_argument("--no-hidden", action="store_true", help="do not store hidden states")
     p.add_argument("--fresh", action="store_true",
                    help="start over instead of resuming an unfinished --out (saved per question)")
@@ -42,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="model file to write (.skops)")
     p.add_argument("--features", default="probability,embedding",
                    help="comma list of probability, embedding, hidden")
-    p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
+    p.add_argument("--classifier", default="logreg", choices=["logreg", "mlp"],
+                   help="logistic regression or a small MLP (default: %(default)s)")
+    deprecated_alias(p, "--model", "--classifier")
     p.add_argument("--rule", default=None, help="train on another stored rule's labels")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set-dir", help="data set folder with splits.json (default: the labels' own)")
@@ -51,7 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="compare the classifier with the other deciders' scores")
     p.add_argument("--labels", required=True)
-    p.add_argument("--model", required=True, help="trained trigger model file")
+    add_flags(p, "--trigger-model")  # needed: checked in _eval, so the old spelling still counts
+    deprecated_alias(p, "--model", "--trigger-model",
+                     " for trigger eval (it will name the generator, as on other commands)")
     p.add_argument("--split", default=None, choices=["all", "train", "dev", "test"],
                    help="segments to score (default: all when none of the labelled questions "
                    "trained the model, e.g. labels of another data set; else test)")
@@ -64,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also run RIG on N test questions with classifier vs prob decider")
     p.add_argument("--qa", help="QA file for --end-effect (default: the one the labels came from)")
     add_config_options(p, " for --end-effect")
+    # --model is the trigger model's deprecated spelling here for one release: the end-effect
+    # generator is --set generator.model=... meanwhile
+    add_generator_flags(p, leave_out=("--model",))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)
 
@@ -75,7 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="two labelled sets from different data sets")
     p.add_argument("--features", default="probability,embedding",
                    help="comma list of probability, embedding, hidden")
-    p.add_argument("--model", default="logreg", choices=["logreg", "mlp"])
+    p.add_argument("--classifier", default="logreg", choices=["logreg", "mlp"],
+                   help="logistic regression or a small MLP (default: %(default)s)")
+    deprecated_alias(p, "--model", "--classifier")
     p.add_argument("--rule", default=None, help="train and score on another stored rule's labels")
     p.add_argument("--deciders", default="prob,entropy,keyword", help="baselines to score")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
@@ -105,9 +115,7 @@ def _build_labels(args: argparse.Namespace) -> int:
     check_out(args.out, "file")
     check_model_path(args.model)
     _check_exists(args.qa, "--qa")
-    config = run_config(
-        args, generator={"model": args.model, "max_answer_tokens": args.max_answer_tokens}
-    )
+    config = run_config(args)
     generator = build_generator(config.generator)  # device, dtype, backend
     resume = None if args.fresh else resumable(args.out, args.qa, generator)
     if resume is not None:
@@ -137,7 +145,7 @@ def _train(args: argparse.Namespace) -> int:
     check_out(args.out, "file")
     _check_exists(args.labels, "--labels")
     labels = load_labels(args.labels)
-    model = train_trigger(labels, features=parse_feature_sets(args.features), model=args.model,
+    model = train_trigger(labels, features=parse_feature_sets(args.features), model=args.classifier,
                           rule=args.rule, seed=args.seed, set_dir=args.set_dir)
     save_trigger(model, args.out)
     summary = {"out": args.out, "threshold": model.threshold, "features": list(model.spec.sets),
@@ -156,8 +164,12 @@ def _eval(args: argparse.Namespace) -> int:
     from rigkit.trigger.labelset import load_labels
     from rigkit.trigger.model import load_trigger
 
+    if not args.trigger_model:
+        from rigkit.errors import InputError
+
+        raise InputError("trigger eval needs --trigger-model FILE (written by `rigkit trigger train`)")
     labels = load_labels(args.labels)
-    model = load_trigger(args.model)
+    model = load_trigger(args.trigger_model)
     deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
     report = evaluate_trigger(labels, model, deciders=deciders, split=args.split,
                               bootstrap=args.bootstrap, seed=args.seed)
@@ -194,7 +206,7 @@ def _cross(args: argparse.Namespace) -> int:
         check_out(args.out, "file")
     first, second = (load_labels(p) for p in args.labels)
     deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
-    result = cross_set(first, second, features=parse_feature_sets(args.features), model=args.model,
+    result = cross_set(first, second, features=parse_feature_sets(args.features), model=args.classifier,
                        rule=args.rule, deciders=deciders, bootstrap=args.bootstrap, seed=args.seed)
     result["labels"] = list(args.labels)
     if args.out:

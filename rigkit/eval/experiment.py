@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rigkit.config import RunConfig, apply_settings, load_config
+from rigkit.config import RunConfig, Setting, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, write_report
@@ -56,7 +56,7 @@ def load_questions(qa: str | Path, split: str = "all", limit: int | None = None)
 
 def _resolve_config(config: RunConfig | str | Path | None, index: str | Path | None,
                     layout: str | None, model: str | None = None,
-                    settings: Sequence[str] = ()) -> RunConfig:
+                    settings: Sequence[Setting] = ()) -> RunConfig:
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     cfg = apply_settings(cfg, settings)  # --set: over the file, under the flags below
     if model is not None:
@@ -143,7 +143,7 @@ def evaluate(
     concurrency: int | None = None,
     shard: str | tuple[int, int] | None = None,
     generator_factory: Any = None,
-    settings: Sequence[str] = (),
+    settings: Sequence[Setting] = (),
     ray: str | None = None,
 ) -> RunSummary:
     """Run `systems` on the questions of `qa` into `out` (resumable) and write the report.

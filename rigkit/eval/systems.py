@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rigkit.config import DeciderConfig, RunConfig
+from rigkit.config import RunConfig
 from rigkit.errors import InputError
 from rigkit.trace import Hit, RIGResult
 
@@ -124,9 +124,7 @@ def system_config(spec: SystemSpec, config: RunConfig, layout: str | None = None
     config = dataclasses.replace(config, context=dataclasses.replace(config.context, layout=layout))
     if spec.top_k is not None:
         config = config.override(retrieval={"top_k": spec.top_k})
-    if spec.decider and spec.decider != config.decider.name:
-        # Another decider's threshold or params would be meaningless here: start from defaults.
-        config = dataclasses.replace(config, decider=DeciderConfig(name=spec.decider))
+    config = config.with_decider(spec.decider)
     if spec.query_mode:
         config = config.override(query={"mode": spec.query_mode})
     return config

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rigkit.config import DeciderConfig, RunConfig
+from rigkit.config import RunConfig
 from rigkit.controller import RoundCallback
 from rigkit.serve.schemas import RequestError
 from rigkit.serve.searcher import SharedSearcher
@@ -257,10 +257,7 @@ class RigService:
                     stop: Callable[[], None] | None = None):
         from rigkit.build import build_controller
 
-        config = self.config
-        if options.decider and options.decider != config.decider.name:
-            config = dataclasses.replace(config, decider=DeciderConfig(name=options.decider))
-        config = config.override(
+        config = self.config.with_decider(options.decider).override(
             generator={"max_answer_tokens": options.max_tokens, "seed": options.seed},
             controller={"max_rounds": options.max_rounds},
             retrieval={"top_k": options.top_k},

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from rigkit.config import DeciderConfig, RunConfig
+from rigkit.config import RunConfig
 
 __all__ = ["EndEffect", "end_effect"]
 
@@ -53,13 +53,12 @@ def end_effect(
     from rigkit.eval.answers import cover_match, exact_match, token_f1
 
     config = config or RunConfig()
-    # Fresh decider sections: a config's threshold for one decider must not leak into the other
-    # (the classifier then uses the threshold stored in its file); the config's own settings for
-    # the baseline (e.g. configs/cpu.yaml's prob threshold) are kept.
-    same = config.decider.name == baseline
+    # A config's threshold for one decider must not leak into the other (the classifier then uses
+    # the threshold stored in its file); the config's own settings for the baseline (e.g.
+    # configs/cpu.yaml's prob threshold) are kept.
     systems = {
-        "classifier": replace(config, decider=DeciderConfig(name="classifier", trigger_model=model_path)),
-        baseline: config if same else replace(config, decider=DeciderConfig(name=baseline)),
+        "classifier": config.with_decider("classifier").override(decider={"trigger_model": model_path}),
+        baseline: config.with_decider(baseline),
     }
     rows: list[dict[str, Any]] = []
     for name, cfg in systems.items():
