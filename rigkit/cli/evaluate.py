@@ -77,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="stored split of the data set (default: %(default)s)")
     ld.add_argument("--limit", type=int, help="only the first N questions (after --split)")
     add_config_options(ld, "; shared by every rung")
+    add_generator_flags(ld, leave_out=("--model",))  # shared by every rung; --model names the rungs
     ld.add_argument("--concurrency", type=int, default=None,
                     help="questions answered at once per rung (default: 1 in-process, 8 served)")
     ld.add_argument("--out", required=True, help="ladder folder: one rung folder each, ladder.md, ladder.html")
@@ -142,6 +143,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _run_ladder(args: argparse.Namespace) -> int:
     from rigkit.cli import check_index, check_out, run_config
+    from rigkit.cli.flags import flag_settings
     from rigkit.errors import InputError
     from rigkit.eval.ladder import parse_rungs, run_ladder
 
@@ -154,7 +156,8 @@ def _run_ladder(args: argparse.Namespace) -> int:
         raise InputError("--concurrency must be at least 1")
     config = run_config(args)
     check_index(args.index or config.retrieval.index)
-    path = run_ladder(args.qa, args.out, args.models, args.systems, settings=args.settings, index=args.index,
+    settings = [*args.settings, *flag_settings(args)]
+    path = run_ladder(args.qa, args.out, args.models, args.systems, settings=settings, index=args.index,
                       config=args.config, split=args.split, limit=args.limit, concurrency=args.concurrency,
                       progress=not args.no_progress)
     print(path.with_name("ladder.md").read_text(encoding="utf-8"))
