@@ -20,10 +20,10 @@ def _before(generator, prefix, segment):
     """The previous `_prefix_cache` + pass: a private deep copy of the run's cache."""
     import torch
 
-    from rigkit.generation.hf import _crop
+    from rigkit.generation.hf import crop_cache
 
     cache = copy.deepcopy(generator._cache)
-    _crop(cache, len(prefix))
+    crop_cache(cache, len(prefix))
     previous = generator.model.config._attn_implementation
     generator.model.set_attn_implementation("eager")
     try:

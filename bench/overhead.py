@@ -129,20 +129,20 @@ def stop_rule_cost(generator, samples: list[list[int]], prompt_len: int = 64) ->
     every token, on the whole sequence so far), and the per-token text split of a segment."""
     import torch
 
-    from rigkit.generation.hf import _StopOnText, _token_texts
+    from rigkit.generation.hf import StopOnText, token_texts
     from rigkit.transcript import StopRule
 
     checks, steps, split_s, segments = 0.0, 0, 0.0, 0
     for ids in samples:
         seq = torch.tensor([[0] * prompt_len + ids])
-        criterion = _StopOnText(generator.tokenizer, prompt_len, StopRule(sentence=True))
+        criterion = StopOnText(generator.tokenizer, prompt_len, StopRule(sentence=True))
         start = time.perf_counter()
         for n in range(1, len(ids) + 1):
             criterion(seq[:, : prompt_len + n], None)
         checks += time.perf_counter() - start
         steps += len(ids)
         start = time.perf_counter()
-        _token_texts(generator.tokenizer, ids)
+        token_texts(generator.tokenizer, ids)
         split_s += time.perf_counter() - start
         segments += 1
     return {"per_token_us": 1e6 * checks / max(1, steps), "tokens": steps,

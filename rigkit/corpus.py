@@ -1,6 +1,7 @@
 """Chunking: one chunk file feeds both the BM25 and the vector index.
 
-Documents are read by `rigkit.readers` (JSONL, `.md`, `.txt`, `.pdf`, `.docx`, `.html`).
+Documents are read by `rigkit.readers` (JSONL, `.md`, `.txt`, `.pdf`, `.docx`, `.html`;
+`load_documents`), which builds on the `Document` and `Block` defined here.
 Markdown is split on headings first (each chunk keeps its heading path); sections longer
 than the budget fall back to overlapping fixed windows. Documents read as *blocks* (PDF, Word,
 HTML: paragraphs, tables and lists, each with its heading path and page) are chunked by
@@ -40,7 +41,6 @@ __all__ = [
     "Chunk",
     "BLOCK_SEPARATOR",
     "HEADING",
-    "load_documents",
     "check_doc_id",
     "corpus_fingerprint",
     "markdown_sections",
@@ -130,15 +130,6 @@ class Chunk:
 
 
 # ---------------------------------------------------------------- loading
-
-
-def load_documents(path: str | Path) -> list[Document]:
-    """Documents of a corpus file or folder (`rigkit.readers.read_files`; sorted, recursive).
-
-    A file that cannot be read is an error; in a folder it is skipped with a warning."""
-    from rigkit.readers import read_files
-
-    return read_files(path).documents
 
 
 def split_contents(contents: str) -> tuple[str, str]:

@@ -122,6 +122,13 @@ class Decision:
     segment_text: str = ""  # the judged segment's text (set by the controller)
     evidence: dict[str, Any] = field(default_factory=dict)  # decider-specific, JSON-able
 
+    @classmethod
+    def by(cls, decider: Any, retrieve: bool, score: float, reason: str, **fields: Any) -> Decision:
+        """A verdict stamped with what `decider` declares: its `name`, `threshold`, `unit` and
+        `score_threshold` (each left at the field's default where the decider has none)."""
+        declared = {k: getattr(decider, k) for k in ("threshold", "unit", "score_threshold") if hasattr(decider, k)}
+        return cls(retrieve, score, reason, decider=getattr(decider, "name", ""), **declared, **fields)
+
 
 @dataclass
 class Query:

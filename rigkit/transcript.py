@@ -13,10 +13,11 @@ template's own scaffolding produces special tokens.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Piece", "StopRule", "plain_spans", "tokenize_plain", "encode_transcript",
+__all__ = ["Piece", "StopRule", "plain_spans", "tokenize_plain", "PieceTokens", "encode_transcript",
            "kept_tag_ids", "decode_keeping"]
 
 
@@ -91,6 +92,25 @@ def tokenize_plain(tokenizer, text: str) -> list[int]:
             mid = at + len(token) // 2
             return tokenize_plain(tokenizer, text[:mid]) + tokenize_plain(tokenizer, text[mid:])
     return ids
+
+
+class PieceTokens:
+    """Token ids of scaffold text (special tokens recognised), each text tokenised once: the same
+    template pieces come back every round. Past `limit` texts the cache starts again; a lock
+    keeps it whole when threads share one generator (a served model answering in parallel)."""
+
+    def __init__(self, tokenizer, limit: int = 4096):
+        self.tokenizer, self.limit = tokenizer, limit
+        self._ids: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> list[int]:
+        with self._lock:
+            if text not in self._ids:
+                if len(self._ids) > self.limit:
+                    self._ids.clear()
+                self._ids[text] = self.tokenizer(text, add_special_tokens=False).input_ids
+            return self._ids[text]
 
 
 def encode_transcript(prompt: Sequence[Piece], tokenizer, scaffold_tokens: Callable[[str], list[int]]) -> list[int]:

@@ -141,9 +141,10 @@ def test_cpu_profile_does_not_cut_a_chunk_of_the_default_embedder():
 @pytest.mark.slow
 def test_cpu_profile_cuts_no_shipped_2wiki_or_demo_chunk():
     """Counted in the generator's tokens: the cap is applied with the generator's tokenizer."""
-    from rigkit.corpus import chunk_documents, load_documents
+    from rigkit.corpus import chunk_documents
     from rigkit.embeddings import load_tokenizer
     from rigkit.generation.loading import default_tokenizer
+    from rigkit.readers import load_documents
     from rigkit.retrieval.index import resolve_chunk_size
 
     config = load_config(ROOT / "configs" / "cpu.yaml")

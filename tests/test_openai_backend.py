@@ -446,7 +446,7 @@ def test_greedy_requests_carry_no_seed():
 
 def test_evaluation_runs_over_a_served_model_sample_with_their_own_seeds():
     from rigkit.config import RunConfig
-    from rigkit.eval.systems import answer_closed_book, _seeded
+    from rigkit.eval.systems import _seeded, answer_closed_book
 
     server = Server(["It", " is", "."])
     generator = _generator(server, temperature=0.7, top_p=0.9)

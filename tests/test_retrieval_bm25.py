@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rigkit.corpus import Chunk, load_documents
+from rigkit.corpus import Chunk
 from rigkit.datasets import load_qa
+from rigkit.readers import load_documents
 from rigkit.retrieval import BM25Retriever
 from rigkit.retrieval.tokenize import tokenize
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rigkit.corpus import chunk_documents, load_documents, read_chunks, write_chunks
+from rigkit.corpus import chunk_documents, read_chunks, write_chunks
 from rigkit.embeddings import load_tokenizer
 from rigkit.errors import CorpusError, InputError
+from rigkit.readers import load_documents
 from rigkit.retrieval import Index
 
 try:

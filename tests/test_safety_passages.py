@@ -114,8 +114,8 @@ def test_default_model_tokenizer_keeps_passage_specials_as_text():
 def test_document_ids_are_validated_naming_file_and_line(tmp_path, bad_id, why):
     import json
 
-    from rigkit.corpus import load_documents
     from rigkit.errors import CorpusError
+    from rigkit.readers import load_documents
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "ok-1", "text": "fine"}) + "\n"

@@ -31,7 +31,7 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from rigkit.config import RunConfig  # noqa: E402
-from rigkit.corpus import load_documents  # noqa: E402
+from rigkit.readers import load_documents  # noqa: E402
 from rigkit.retrieval.remote import RemoteRetriever, search_result  # noqa: E402
 from rigkit.serve.app import create_app  # noqa: E402
 from rigkit.serve.service import RigService  # noqa: E402

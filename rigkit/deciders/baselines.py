@@ -64,14 +64,11 @@ class EveryNTokens:
         since = state.tokens_since_retrieval
         retrieve = since >= self.n
         verb = "reached" if retrieve else "below"
-        return Decision(
+        return Decision.by(
+            self,
             retrieve,
             min(1.0, since / self.n),
             f"{since} tokens since last retrieval, {verb} n={self.n}",
-            decider=self.name,
-            threshold=self.threshold,
-            unit=self.unit,
-            score_threshold=self.score_threshold,
             evidence={"tokens_since_retrieval": since},
         )
 

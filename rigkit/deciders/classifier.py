@@ -93,8 +93,7 @@ class ClassifierDecider:
 
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
         if not segment.text.strip():
-            return Decision(False, 0.0, "empty segment", decider=self.name, threshold=self.threshold,
-                            unit=self.unit, score_threshold=self.score_threshold)
+            return Decision.by(self, False, 0.0, "empty segment")
         hidden = self._hidden(segment, state) if self.model.needs_hidden else None
         score = float(self.model.probability(state.question, segment, hidden))
         retrieve = score >= self.threshold
@@ -103,14 +102,11 @@ class ClassifierDecider:
             if len(segment.logprobs) == len(segment.tokens) else []
         spans = word_spans(segment, flagged, [1.0 - math.exp(lp) for lp in segment.logprobs])
         verb = ">=" if retrieve else "<"
-        return Decision(
+        return Decision.by(
+            self,
             retrieve=retrieve,
             score=score,
             reason=f"trigger classifier p={score:.2f} {verb} threshold {self.threshold:.2f}",
-            decider=self.name,
-            threshold=self.threshold,
-            unit=self.unit,
-            score_threshold=self.score_threshold,
             intents=[s.text for s in spans],
             spans=spans,
             evidence={

@@ -66,9 +66,7 @@ class EntropyDecider:
         content = [any(not is_stop(words[k].text) for k in ks) for ks in tok_words]
         if not any(content):
             why = "empty segment" if not segment.text.strip() else "no content words"
-            return Decision(
-                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold
-            )
+            return Decision.by(self, False, 0.0, f"{why}: nothing to judge")
         attention, passes, mode = self._attention(segment, state)
         weights = _column_max(attention) if attention is not None else [1.0] * n
         total = sum(weights)
@@ -87,12 +85,11 @@ class EntropyDecider:
             reason = f"RIND ({mode}) above {self.threshold:g} at {listed}"
         else:
             reason = f"max RIND ({mode}) {rind[trigger]:.2f} <= {self.threshold:g}"
-        return Decision(
+        return Decision.by(
+            self,
             retrieve=bool(flagged),
             score=1.0 - math.exp(-rind[trigger]),
             reason=reason,
-            decider=self.name,
-            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=[s.text for s in spans],
             spans=spans,
             extra_forward_passes=passes,

@@ -60,10 +60,7 @@ class KeywordDecider:
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
         text = segment.text
         if not text.strip():
-            return Decision(
-                False, 0.0, "empty segment: nothing to judge", decider=self.name,
-                threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
-            )
+            return Decision.by(self, False, 0.0, "empty segment: nothing to judge")
         cue_hits = self._cues_in(text)
         facts = fact_words(text) if self.check_facts else []
         unsupported = [
@@ -85,12 +82,11 @@ class KeywordDecider:
         reason = "; ".join(parts) or (
             f"no hedging cue; {len(facts)} fact(s), all supported" if facts else "no cue, no facts"
         )
-        return Decision(
+        return Decision.by(
+            self,
             retrieve=score >= self.threshold and score > 0,
             score=score,
             reason=reason,
-            decider=self.name,
-            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=[f.text for f in unsupported],
             spans=spans,
             evidence={

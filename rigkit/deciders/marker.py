@@ -42,9 +42,7 @@ class MarkerDecider:
         protocol = self.protocol
         markers = find_markers(segment.text, protocol)
         if not markers:
-            return Decision(
-                False, 0.0, f"no {protocol.open} marker", decider=self.name, threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold
-            )
+            return Decision.by(self, False, 0.0, f"no {protocol.open} marker")
         spans = [char_span(segment, m.start, m.end, _score(m, protocol)) for m in markers]
         score = max(s.score for s in spans)
         phrases = [m.phrase for m in markers if m.phrase]
@@ -54,12 +52,11 @@ class MarkerDecider:
         )
         if phrases:
             reason += ": " + "; ".join(repr(p) for p in phrases[:3])
-        return Decision(
+        return Decision.by(
+            self,
             retrieve=score >= self.threshold,
             score=score,
             reason=reason,
-            decider=self.name,
-            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=phrases,
             spans=spans,
             evidence={"markers": [m._asdict() for m in markers], **marker_evidence(protocol)},

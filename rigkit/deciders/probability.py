@@ -77,9 +77,7 @@ class ProbabilityDecider:
         content = content_tokens(segment) if segment.text.strip() else []
         if not content:
             why = "empty segment" if not segment.text.strip() else "no content words"
-            return Decision(
-                False, 0.0, f"{why}: nothing to judge", decider=self.name, threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold
-            )
+            return Decision.by(self, False, 0.0, f"{why}: nothing to judge")
         probs = [math.exp(lp) for lp in segment.logprobs]
         low = [i for i in content if probs[i] < self.threshold]
         weakest = min(content, key=lambda i: probs[i])
@@ -93,12 +91,11 @@ class ProbabilityDecider:
                 f"all content tokens confident (lowest p={probs[weakest]:.2f} "
                 f"at {segment.tokens[weakest].strip()!r})"
             )
-        return Decision(
+        return Decision.by(
+            self,
             retrieve=bool(low),
             score=score,
             reason=reason,
-            decider=self.name,
-            threshold=self.threshold, unit=self.unit, score_threshold=self.score_threshold,
             intents=[s.text for s in spans],
             spans=spans,
             evidence={

@@ -109,9 +109,8 @@ class _Answerer:
 
     def __init__(self, specs: list, config: dict, faithfulness: bool):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from rigkit.eval.experiment import load_parts
         from rigkit.eval.metrics import FaithfulnessScorer
-        from rigkit.eval.systems import build_systems
+        from rigkit.eval.systems import build_systems, load_parts
 
         cfg = RunConfig.from_dict(config)
         generator, retriever = load_parts(cfg, specs)

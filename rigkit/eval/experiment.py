@@ -24,7 +24,7 @@ from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, write_report
 from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
-from rigkit.eval.systems import LAYOUTS, build_systems, needs_gold, parse_systems
+from rigkit.eval.systems import LAYOUTS, build_systems, load_parts, needs_gold, parse_systems
 from rigkit.files import atomic_write_text
 
 __all__ = ["SPLITS", "load_questions", "evaluate"]
@@ -104,22 +104,6 @@ def _record_session(folder: Path, meta: dict[str, Any], started: tuple[str, floa
         "workers": workers, "cpus": os.cpu_count(),
     }]
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
-
-
-def load_parts(cfg: RunConfig, specs: list, generator: Any = None, retriever: Any = None) -> tuple[Any, Any]:
-    """The generator and retriever the systems of `specs` need (those given are kept)."""
-    from rigkit.build import build_generator, build_retriever
-
-    if generator is None:
-        generator = build_generator(cfg.generator)  # backend, device, dtype from the config
-    needs_index = any(s.kind != "closed_book" for s in specs)
-    if retriever is None and needs_index:
-        if cfg.retrieval.index is None and cfg.retrieval.corpus is None and not cfg.retrieval.sources:
-            # the retriever would fall back to the demo corpus: wrong passages, silently.
-            raise InputError("systems that retrieve need an index: pass --index DIR (build one "
-                             "with `rigkit index build`) or set retrieval.index / retrieval.corpus")
-        retriever = build_retriever(cfg.retrieval, generator)  # the generator: for a upr rerank
-    return generator, retriever
 
 
 def evaluate(

@@ -43,7 +43,7 @@ from rigkit.trace import RIGResult
 
 __all__ = ["RESULTS_FILE", "TRACES_FILE", "ResultsFile", "RunSummary", "read_results",
            "read_traces", "result_key", "summarize_result", "run_eval", "shard_items",
-           "parse_shard", "merge_runs", "MergeSummary", "locked_folder"]
+           "parse_shard", "locked_folder"]
 
 RESULTS_FILE = "results.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -365,7 +365,3 @@ def _answers(todo, base_seed, faithfulness, concurrency, worker_systems):
         finally:
             for f in pending:
                 f.cancel()
-
-
-# merging shards lives in rigkit.eval.merge; importable from here as before
-from rigkit.eval.merge import MergeSummary, merge_runs  # noqa: E402

@@ -34,7 +34,7 @@ from rigkit.errors import InputError
 from rigkit.trace import Hit, RIGResult
 
 __all__ = ["SystemSpec", "System", "parse_system", "parse_systems", "system_config", "build_system",
-           "build_systems", "answer_closed_book", "answer_with_passages", "needs_gold"]
+           "build_systems", "load_parts", "answer_closed_book", "answer_with_passages", "needs_gold"]
 
 LAYOUTS = ("append", "prefix")
 GOLD_KINDS = ("oracle", "gold")
@@ -227,3 +227,19 @@ def needs_gold(specs: Sequence[SystemSpec]) -> bool:
 def build_systems(specs: list[SystemSpec], config: RunConfig, generator: Any, retriever: Any,
                   layout: str | None = None, gold: dict[str, Any] | None = None) -> list[System]:
     return [build_system(s, config, generator, retriever, layout, gold) for s in specs]
+
+
+def load_parts(cfg: RunConfig, specs: list, generator: Any = None, retriever: Any = None) -> tuple[Any, Any]:
+    """The generator and retriever the systems of `specs` need (those given are kept)."""
+    from rigkit.build import build_generator, build_retriever
+
+    if generator is None:
+        generator = build_generator(cfg.generator)  # backend, device, dtype from the config
+    needs_index = any(s.kind != "closed_book" for s in specs)
+    if retriever is None and needs_index:
+        if cfg.retrieval.index is None and cfg.retrieval.corpus is None and not cfg.retrieval.sources:
+            # the retriever would fall back to the demo corpus: wrong passages, silently.
+            raise InputError("systems that retrieve need an index: pass --index DIR (build one "
+                             "with `rigkit index build`) or set retrieval.index / retrieval.corpus")
+        retriever = build_retriever(cfg.retrieval, generator)  # the generator: for a upr rerank
+    return generator, retriever

@@ -19,12 +19,19 @@ from typing import Any
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.generation.stops import find_stop, segment_end
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule, decode_keeping, encode_transcript, kept_tag_ids
+from rigkit.transcript import (
+    Piece,
+    PieceTokens,
+    StopRule,
+    decode_keeping,
+    encode_transcript,
+    kept_tag_ids,
+)
 
-__all__ = ["HFGenerator"]
+__all__ = ["HFGenerator", "StopOnText", "crop_cache", "token_texts"]
 
 
-class _StopOnText:
+class StopOnText:
     """StoppingCriteria: stop once the new tokens reach a segment end (`segment_end`).
 
     Written by hand because transformers' `stop_strings` matches plain strings, and a sentence
@@ -37,7 +44,7 @@ class _StopOnText:
                  first: Any = None):
         self.tokenizer, self.prompt_len, self.stop = tokenizer, prompt_len, stop
         self.keep = kept_tag_ids(tokenizer, stop)
-        self.texts: list[str] = []  # per new token, as `_token_texts` makes them
+        self.texts: list[str] = []  # per new token, as `token_texts` makes them
         self.decoded = ""
         self.logprobs: list[float] = []
         self.steps: list[Any] = [] if first is None else [first]  # next-token logits, oldest first
@@ -66,7 +73,7 @@ class _StopOnText:
             step = self.steps[i] if i < len(self.steps) else None
             self.logprobs.append(float(torch.log_softmax(step, dim=-1)[new[i]]) if step is not None else 0.0)
             if i < len(new) - 1:  # an older token the criterion did not see (the carried one)
-                self.texts.append(_token_texts(self.tokenizer, new[: i + 1], self.keep)[-1])
+                self.texts.append(token_texts(self.tokenizer, new[: i + 1], self.keep)[-1])
                 self.decoded = "".join(self.texts)
                 continue
             if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
@@ -103,7 +110,7 @@ class HFGenerator:
         # (segment, the prompt ids it continued), newest last: model internals are computed for
         # the segment asked about, not for whichever segment happens to be the last one.
         self._history: list[tuple[Segment, list[int]]] = []
-        self._piece_ids: dict[str, list[int]] = {}
+        self._piece_tokens = PieceTokens(tokenizer)  # scaffold text, tokenised once
         self._internals_key: tuple[int, ...] | None = None
         self._internals: tuple[list[list[float]], list[float]] | None = None
         self._cache_kwarg = _cache_kwarg_name(model)
@@ -149,7 +156,7 @@ class HFGenerator:
         if self.use_cache:
             kwargs[self._cache_kwarg] = self._cache
         inputs = ids + first
-        criterion = _StopOnText(self.tokenizer, len(ids), stop, self.model, carry[2] if carry else None)
+        criterion = StopOnText(self.tokenizer, len(ids), stop, self.model, carry[2] if carry else None)
         try:
             with torch.no_grad():
                 out = self.model.generate(
@@ -281,13 +288,6 @@ class HFGenerator:
         """Token ids of the prompt: generated pieces verbatim, text pieces tokenised once."""
         return encode_transcript(prompt, self.tokenizer, self._piece_tokens)
 
-    def _piece_tokens(self, text: str) -> list[int]:
-        if text not in self._piece_ids:
-            if len(self._piece_ids) > 4096:
-                self._piece_ids.clear()
-            self._piece_ids[text] = self.tokenizer(text, add_special_tokens=False).input_ids
-        return self._piece_ids[text]
-
     def _prepare_cache(self, ids: list[int]) -> int:
         """Crop the cache to what the new prompt shares with it; return tokens reused."""
         from transformers import DynamicCache
@@ -297,7 +297,7 @@ class HFGenerator:
         if self._cache is None:
             self._cache, self._cache_ids = DynamicCache(), []
         shared = _shared_prefix(self._cache_ids, ids, limit=len(ids) - 1)  # generate needs >= 1 new token
-        _crop(self._cache, shared)
+        crop_cache(self._cache, shared)
         self._cache_ids = self._cache_ids[:shared]
         return shared
 
@@ -312,7 +312,7 @@ class HFGenerator:
         finish = "length"
         if new_ids and new_ids[-1] in self.eos_token_ids:
             new_ids, finish = new_ids[:-1], "end_of_turn"
-        texts = _token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
+        texts = token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
         keep = len(new_ids)
         all_lp = torch.log_softmax(logits[: len(new_ids)], dim=-1)  # (n, vocab)
         chosen = torch.tensor(new_ids, dtype=torch.long, device=all_lp.device)
@@ -397,7 +397,7 @@ class HFGenerator:
 
         if self.use_cache and self._cache is not None:
             shared = _shared_prefix(self._cache_ids, prefix, limit=len(prefix))
-            _crop(self._cache, shared)
+            crop_cache(self._cache, shared)
             self._cache_ids = self._cache_ids[:shared]
             return self._cache, shared
         cache = DynamicCache()
@@ -418,14 +418,14 @@ def _shared_prefix(cached: list[int], ids: list[int], limit: int) -> int:
     return shared
 
 
-def _crop(cache: Any, length: int) -> None:
+def crop_cache(cache: Any, length: int) -> None:
     """Keep the first `length` positions (a negative count removes tokens in 4.x and 5.x)."""
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
 
 
-def _token_texts(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> list[str]:
+def token_texts(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> list[str]:
     """Per-token text whose concatenation equals the decoded text (multi-byte safe)."""
     texts, previous = [], ""
     for i in range(len(ids)):

@@ -61,7 +61,14 @@ from rigkit.generation.stops import segment_end
 from rigkit.generation.text_prompts import neutralize_special_tokens, special_strings, text_prompt
 from rigkit.http import ServerClient
 from rigkit.trace import Segment
-from rigkit.transcript import Piece, StopRule, decode_keeping, encode_transcript, kept_tag_ids
+from rigkit.transcript import (
+    Piece,
+    PieceTokens,
+    StopRule,
+    decode_keeping,
+    encode_transcript,
+    kept_tag_ids,
+)
 
 if TYPE_CHECKING:
     from rigkit.config import GeneratorConfig
@@ -116,7 +123,7 @@ class OpenAIGenerator:
                                     timeout=timeout, retries=max_retries, backoff=backoff, transport=transport)
         self._lock = threading.Lock()
         self._server: _Server | None = None
-        self._piece_ids: dict[str, list[int]] = {}
+        self._piece_tokens = PieceTokens(tokenizer)  # scaffold text, tokenised once
         self._special_tags_at_risk = False  # kept tags are special tokens the server may skip
         self._question_seed: int | None = None  # set by reset(): one question's sampled requests
         self._requests = 0
@@ -301,14 +308,6 @@ class OpenAIGenerator:
         """A text-mode token's id, re-tokenised locally (the server only sent its text)."""
         ids = self._piece_tokens(token_text)
         return ids[0] if ids else (self.tokenizer.unk_token_id or 0)
-
-    def _piece_tokens(self, text: str) -> list[int]:
-        with self._lock:
-            if text not in self._piece_ids:
-                if len(self._piece_ids) > 4096:
-                    self._piece_ids.clear()
-                self._piece_ids[text] = self.tokenizer(text, add_special_tokens=False).input_ids
-            return self._piece_ids[text]
 
     def reset(self, seed: int | None = None) -> None:
         """A new question: its sampled requests are seeded from `seed`, a seed per request in order,

@@ -32,7 +32,7 @@ from rigkit.readers.text import read_jsonl, read_markdown, read_text
 from rigkit.readers.web import read_html
 from rigkit.readers.word import read_docx
 
-__all__ = ["READERS", "FileRead", "CorpusRead", "source_files", "read_files",
+__all__ = ["READERS", "FileRead", "CorpusRead", "source_files", "read_files", "load_documents",
            "skip_summary"]
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,13 @@ def read_files(corpus: str | Path) -> CorpusRead:
         raise CorpusError(f"{corpus}: nothing could be indexed; skipped {skip_summary(files)}")
     _check_unique_ids(files)
     return CorpusRead(files)
+
+
+def load_documents(path: str | Path) -> list[Document]:
+    """Documents of a corpus file or folder (`read_files`; sorted, recursive).
+
+    A file that cannot be read is an error; in a folder it is skipped with a warning."""
+    return read_files(path).documents
 
 
 def skip_summary(files: list[FileRead]) -> str:
