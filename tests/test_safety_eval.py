@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from rigkit.errors import InputError
+from rigkit.eval.merge import merge_runs
 from rigkit.eval.runner import (
     RESULTS_FILE,
     TRACES_FILE,
-    merge_runs,
     parse_shard,
     read_results,
     result_key,
