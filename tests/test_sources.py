@@ -144,6 +144,9 @@ def test_a_run_routes_by_its_markers_names_sources_and_says_which_was_missing(in
         w for w in result.warnings if w.startswith("round 1: source 'wiki' did not answer")]
     assert any("wiki" in w for w in result.warnings) and not result.errors
     assert source_label(searched[0].hits[0]) == "sea: Narwhal"
+    from rigkit.widgets.render import hits_html
+
+    assert 'class="rig-hit-source" style="font-size:11px;">sea: Narwhal</span>' in hits_html(searched[0].hits)
     back = RIGResult.from_json(result.to_json())
     assert back.rounds[0].hits[0].source == "sea" and back.rounds[0].query.source == "sea"
     assert back.to_dict() == result.to_dict()
@@ -195,3 +198,29 @@ def test_the_command_line_names_several_sources(indexes):
         SourceConfig("rivers", "http://127.0.0.1:8100/retrieve?x=1"))
     one = build_parser().parse_args(["serve", "--retriever", "http://127.0.0.1:8100/retrieve?a=b"])
     assert _config(one).retrieval.index == "http://127.0.0.1:8100/retrieve?a=b" and not _config(one).retrieval.sources
+
+
+def test_the_report_breaks_retrievals_down_by_source(indexes, routed, tmp_path):
+    from rigkit.eval.experiment import evaluate
+    from rigkit.eval.runner import read_results
+    from tests.test_serve_protocol import LoopingScript
+
+    qa = tmp_path / "qa.jsonl"
+    write_jsonl(qa, [{"dataset": "toy", "id": f"q{i}", "question": q, "answer": a, "answer_aliases": [],
+                      "type": "bridge", "supporting_titles": [], "paragraphs": []}
+                     for i, (q, a) in enumerate([("What is a narwhal's tusk?", "a tooth"),
+                                                 ("Which licence needs a NOTICE file?", "Apache")])])
+    config = RunConfig(retrieval=sources_config(indexes, "http://127.0.0.1:9/retrieve"))
+    evaluate(qa, tmp_path / "run", "rag", config=config, generator=LoopingScript(["It is known."]),
+             retriever=routed, faithfulness=False, progress=False)
+    rows = read_results(tmp_path / "run")
+    added = [c.split(":")[0] for r in rows for c in r["summary"]["upfront"]]
+    report = (tmp_path / "run" / "report.md").read_text()
+    section = report.split("## Retrievals by source")[1].split("\n## ")[0]
+    lines = {cells[2]: cells[3:6] for line in section.splitlines()
+             if (cells := [c.strip() for c in line.split("|")]) and len(cells) > 5 and cells[1] == "rag"}
+    assert set(lines) == {"licences", "sea", "rivers"}
+    for name, (hits, in_context, share) in lines.items():
+        assert hits == in_context and float(in_context) == pytest.approx(added.count(name) / 2, abs=0.005)
+        assert share == f"{added.count(name) / len(added):.0%}"
+    assert lines["sea"][1] != "0.00"  # the narwhal question went to the sea animals by the rule

@@ -28,6 +28,7 @@ from rigkit.eval.aggregate import (
     question_type,
     stage_names,
 )
+from rigkit.eval.by_source import source_tables
 from rigkit.eval.decisions import with_type_aware
 from rigkit.eval.loss import COVER_EM_CAUTION, loss_tables
 from rigkit.eval.paired import PairedComparison, compare_systems, per_question, wins_losses
@@ -232,6 +233,7 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
         "By question type": _metric_table(typed, BY_TYPE, True),
         "Latency per question by stage (mean), p50 / p95": _latency_table(overall, stage_names(rows)),
         **loss_tables(meta or {}, rows, baseline),
+        **source_tables(meta or {}, rows),
     }
 
 
