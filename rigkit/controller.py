@@ -24,7 +24,7 @@ from rigkit.errors import InputError
 from rigkit.generation.protocol import Generator, SupportsReset
 from rigkit.grounding import ground
 from rigkit.markers import clean_answer
-from rigkit.queries import QueryBuilder
+from rigkit.queries import QueryBuilder, resolve_query, standalone_question
 from rigkit.retrieval.base import Retriever
 from rigkit.retrieval.hybrid import search_queries
 from rigkit.retrieval.sources import collect_notes
@@ -145,8 +145,9 @@ class RIGController:
         """What to search for the segment's gap: the loop pauses here until hits come back."""
         try:
             with _timer(trace.timings, "query"):
-                trace.query = self.query_builder.build(run.question, state.draft + trace.segment.text,
-                                                       trace.decision, state)
+                # a follow-up's "it" is named: in the question the builder reads, then in each search
+                query = self.query_builder.build(run.asked, state.draft + trace.segment.text, trace.decision, state)
+                trace.query = resolve_query(query, run.asked, run.history)
         except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
             return self._searched(run, trace, error=err)
         request = SearchRequest(id=uuid.uuid4().hex[:12], round=trace.index, queries=trace.query.searches,
@@ -208,6 +209,7 @@ class RIGController:
             retrievals_done=run.retrievals,
             generator=self.generator,
             segments=_accepted_segments(run.rounds),
+            history=list(run.history),
         )
         last = next((r for r in reversed(run.rounds) if r.query is not None), None)
         if last is not None:
@@ -311,6 +313,7 @@ class Run:
 
     def __init__(self, controller: RIGController, question: str, passages: list[Hit], history: list[tuple[str, str]]):
         self.controller, self.question, self.given, self.history = controller, question, passages, history
+        self.asked = standalone_question(question, history)  # as the searches read it: pronouns named
         self.rounds: list[RoundTrace] = []
         self.retrievals = 1 if passages else 0
         self.tokens_since_retrieval = 0

@@ -23,8 +23,9 @@ from. Modes follow the papers that introduced them:
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rigkit.config import QueryConfig
@@ -40,6 +41,7 @@ from rigkit.text import (
     is_stop,
     key_terms,
     mentions,
+    question_entities,
     split_words,
     word_units,
 )
@@ -63,6 +65,8 @@ __all__ = [
     "clean_rewrite",
     "parse_subqueries",
     "truncate_query",
+    "standalone_question",
+    "resolve_query",
 ]
 
 
@@ -78,6 +82,51 @@ class QueryBuilder(Protocol):
     def build(
         self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
     ) -> Query: ...
+
+
+# Words that point back to an earlier turn's subject; possessives take the subject's "'s" / "的".
+# ("this", "that" and 这 / 该 are left alone: they open clauses and name things too often.)
+_POINTING = {"it": "", "they": "", "them": "", "he": "", "him": "", "she": "", "its": "'s", "their": "'s",
+             "theirs": "'s", "his": "'s", "her": "'s", "它": "", "它们": "", "他": "", "她": "", "他们": "",
+             "她们": "", "其": "的"}
+
+
+def standalone_question(question: str, history: Sequence[tuple[str, str]]) -> str:
+    """`question` with the words that point to an earlier turn's subject replaced by it.
+
+    A follow-up such as "and what about its NOTICE file?" after "What does Apache-2.0 require?"
+    becomes "and what about Apache-2.0's NOTICE file?" (那它的NOTICE文件呢？ -> 那Apache-2.0的NOTICE文件呢？),
+    so no query searches for "its". The subject is the first entity (else key term) of the most
+    recent earlier question that has one; without history or a pointing word, `question` is kept.
+    """
+    pointing = [w for w in split_words(question) if w.text.lower() in _POINTING]
+    subject = next((terms[0] for q, _ in reversed(history) if (terms := _subjects(q))), "")
+    if not pointing or not subject or mentions(question, subject):
+        return question
+    out, at = [], 0
+    for word in pointing:
+        out += [question[at:word.start], subject + _POINTING[word.text.lower()]]
+        at = word.end
+    return "".join(out) + question[at:]
+
+
+def resolve_query(query: Query, question: str, history: Sequence[tuple[str, str]]) -> Query:
+    """`query` with its searches' pointing words named (`standalone_question`), in a conversation:
+    each search is read against the history and the (standalone) `question`. Without history the
+    query is kept as built."""
+    if not history:
+        return query
+    turns = [*history, (question, "")]
+    searches = [standalone_question(text, turns) for text in query.subqueries]
+    text = f" {SUBQUERY_SEPARATOR} ".join(searches) if searches else standalone_question(query.text, turns)
+    return dataclasses.replace(query, text=text, subqueries=searches)
+
+
+def _subjects(question: str) -> list[str]:
+    """What a question is about, likeliest first: its entities, then names and codes, then terms."""
+    terms = key_terms(question)
+    named = [t for t in terms if any(c.isupper() or c.isdigit() for c in t)]
+    return question_entities(question) or named or terms
 
 
 def _intent(decision: Decision) -> str:

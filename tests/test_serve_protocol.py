@@ -214,8 +214,8 @@ def test_client_side_tool_loop_suspends_then_continues_the_same_answer(client, s
                                      "content": "The Eiffel Tower is 330 metres tall and stands in Paris."}]
     final = client.post("/v1/chat/completions", json=tools_request(messages)).json()
     assert final["choices"][0]["finish_reason"] == "stop"
-    assert final["choices"][0]["message"]["content"] == (
-        f"Paris is the capital of France. The Eiffel Tower is 330 metres tall. [[citation:{call['id']}]]")
+    assert final["choices"][0]["message"]["content"] == (  # the citation names the tool
+        f"Paris is the capital of France. The Eiffel Tower is 330 metres tall. [[citation:search:{call['id']}]]")
     # the two segments written before the tool call are not generated again: the paused run goes on
     assert service.generator.calls - calls_before == 1
 
@@ -296,9 +296,9 @@ def test_tool_messages_must_answer_the_calls(client):
                     {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}]
     r = client.post("/v1/chat/completions", json=tools_request(messages))
     assert r.status_code == 422 and "call_1" in r.json()["error"]["message"]
-    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "q"}],
-                                                  "tools": [{"type": "function", "function": {"name": "calc"}}]})
-    assert r.status_code == 422 and r.json()["error"]["param"] == "tools"
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "q"}], "tools": [
+        {"type": "function", "function": {"name": "calc", "parameters": {"type": "no-such-type"}}}]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "tools.0.function.parameters"
 
 
 def test_body_over_the_limit_is_413():
@@ -415,7 +415,7 @@ def test_two_needs_in_one_segment_are_two_tool_calls_in_one_message_and_both_res
     assert all(text in prompt for text in RESULTS.values())  # both results were injected
     rig = final.model_extra["rig"]
     assert rig["used_retrieval_times"] == 1
-    assert rig["rounds"][0]["injected"] == [c.id for c in calls]
+    assert rig["rounds"][0]["injected"] == [f"search:{c.id}" for c in calls]
 
 
 def test_several_tool_calls_stream_each_under_its_own_index():
@@ -440,7 +440,7 @@ def test_several_tool_calls_stream_each_under_its_own_index():
 
 
 def test_one_need_is_one_tool_call_whatever_the_query_builder():
-    from rigkit.serve.service import _needs
+    from rigkit.serve.paused import _needs
     from rigkit.trace import Decision
 
     one = Decision(True, 1.0, "", intents=["Eiffel Tower height"])

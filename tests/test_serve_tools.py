@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("fastapi")
 
-from rigkit.serve import service as service_module  # noqa: E402
+from rigkit.serve import paused as paused_module  # noqa: E402
 from rigkit.serve.app import create_app  # noqa: E402
 from tests.test_serve_protocol import QUESTION, local_client, make_service, tools_request  # noqa: E402
 
@@ -34,12 +36,128 @@ def test_a_paused_run_that_expired_reads_the_results_as_passages_and_answers_afr
     service = make_service()
     with local_client(create_app(service, mcp=False)) as client:
         messages, call = first_turn(client)
-        monkeypatch.setattr(service_module, "PAUSED_SECONDS", 0.0)
+        monkeypatch.setattr(paused_module, "PAUSED_SECONDS", 0.0)
         calls_before = service.generator.calls
         # `turns: 1`: the results given up front are the one retrieval round
         final = client.post("/v1/chat/completions", json=tools_request(messages, turns=1)).json()
     assert final["choices"][0]["finish_reason"] == "stop"
     rig = final["rig"]
-    assert call["id"] in rig["citations"]  # the result, given before the question, is cited
+    assert f"search:{call['id']}" in rig["citations"]  # the result, given before the question, is cited
     assert service.generator.calls - calls_before == 3  # the whole answer written again
-    assert not service._paused  # the expired run is forgotten
+    assert len(service.paused) == 0  # the expired run is forgotten
+
+
+# -- tools as the client declares them ------------------------------------------------------------
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}}
+SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the docs."}}  # rigkit's schema
+TOWER = "The Eiffel Tower is 330 metres tall."
+
+
+def two_tool_service(first='weather {"city": "Paris"}'):
+    from rigkit.config import RunConfig
+    from rigkit.serve.service import RigService
+    from rigkit.testing import DictRetriever, make_segment
+    from tests.test_serve_protocol import HITS, LoopingScript
+
+    config = RunConfig.from_dict({"decider": {"name": "marker"}, "query": {"mode": "marker"}})
+    generator = LoopingScript([make_segment(f"It is sunny. <retrieve>{first}</retrieve>"),
+                               make_segment(" The tower is tall. <retrieve>Eiffel Tower height</retrieve>"),
+                               make_segment(" The Eiffel Tower is 330 metres tall.", finish_reason="end_of_turn")])
+    return RigService(config, generator=generator, retriever=DictRetriever({}, default=HITS))
+
+
+def test_the_openai_sdk_runs_a_two_tool_conversation_with_structured_arguments():
+    from tests.test_serve_protocol import sdk_client
+
+    service = two_tool_service()
+    with local_client(create_app(service, mcp=False)) as client:
+        sdk = sdk_client(client)
+        messages = [{"role": "user", "content": "What is the weather by the Eiffel Tower, and how tall is it?"}]
+        answers = {"weather": "Sunny, 24 °C.", "search": TOWER}
+        names = []
+        for _ in range(3):
+            reply = sdk.chat.completions.create(model=service.model_name, messages=messages, tools=[WEATHER, SEARCH])
+            choice = reply.choices[0]
+            if choice.finish_reason != "tool_calls":
+                break
+            messages.append(choice.message.model_dump(exclude_none=True))
+            for call in choice.message.tool_calls:
+                names.append((call.function.name, json.loads(call.function.arguments)))
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": answers[call.function.name]})
+    assert names == [("weather", {"city": "Paris"}), ("search", {"query": "Eiffel Tower height", "top_k": 3})]
+    assert choice.finish_reason == "stop"
+    rig = reply.model_extra["rig"]
+    assert [c.split(":")[0] for c in rig["citations"]] == ["search"]  # citations name the tool
+    injected = [i for r in rig["rounds"] for i in r["injected"]]
+    assert [i.split(":")[0] for i in injected] == ["weather", "search"]  # one run, resumed twice
+    # the model was shown the client's tool in the marker protocol's form
+    system = service.generator.prompts[0][0].text
+    assert "weather(city): Current weather in a city." in system and '<retrieve>weather {...}</retrieve>' in system
+    prompt = "".join(p.text for p in service.generator.prompts[-1])
+    assert "Sunny, 24 °C." in prompt and TOWER in prompt  # both results read, as passages
+
+
+def test_searches_the_client_did_not_declare_run_on_the_served_index():
+    service = two_tool_service()
+    with local_client(create_app(service, mcp=False)) as client:
+        messages = [{"role": "user", "content": QUESTION}]
+        body = client.post("/v1/chat/completions", json={"messages": messages, "tools": [WEATHER]}).json()
+        message = body["choices"][0]["message"]
+        assert [c["function"]["name"] for c in message["tool_calls"]] == ["weather"]
+        messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "Sunny."}]
+        body = client.post("/v1/chat/completions", json={"messages": messages, "tools": [WEATHER]}).json()
+    assert body["choices"][0]["finish_reason"] == "stop"  # the search ran here: no second tool round
+    assert "c1" in [i for r in body["rig"]["rounds"] for i in r["injected"]]
+
+
+def test_a_model_call_whose_arguments_fail_the_schema_is_searched_instead():
+    service = two_tool_service(first='weather {"town": "Paris"}')
+    with local_client(create_app(service, mcp=False)) as client:
+        body = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}],
+                                                         "tools": [WEATHER, SEARCH]}).json()
+    call = body["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "search"
+
+
+def test_the_tool_call_streams_in_openai_deltas_with_its_name_and_arguments():
+    service = two_tool_service()
+    with local_client(create_app(service, mcp=False)) as client, client.stream(
+            "POST", "/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}],
+                                                  "tools": [WEATHER, SEARCH], "stream": True}) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    deltas = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert deltas[0]["function"]["name"] == "weather" and deltas[0]["id"].startswith("call_")
+    assert json.loads("".join(d["function"]["arguments"] for d in deltas)) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("call, param, message", [
+    ({"name": "calculator", "arguments": "{}"}, "messages.1.tool_calls.0.function.name",
+     "unknown tool 'calculator'; the request declares weather, search"),
+    ({"name": "weather", "arguments": '{"town": "Paris"}'}, "messages.1.tool_calls.0.function.arguments",
+     "arguments fail the schema of 'weather'"),
+    ({"name": "weather", "arguments": "{not json"}, "messages.1.tool_calls.0.function.arguments",
+     "the arguments of 'weather' are not JSON"),
+    ({"name": "search", "arguments": '{"query": "x", "top_k": 500}'}, "messages.1.tool_calls.0.function.arguments",
+     "at top_k: 500 is greater than the maximum of 20"),
+])
+def test_a_call_naming_an_unknown_tool_or_failing_its_schema_is_a_422(call, param, message):
+    messages = [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": call}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "result"}]
+    with local_client(create_app(two_tool_service(), mcp=False)) as client:
+        r = client.post("/v1/chat/completions", json={"messages": messages, "tools": [WEATHER, SEARCH]})
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["param"] == param and message in error["message"] and "\n" not in error["message"]
+
+
+def test_tool_declarations_are_checked():
+    with local_client(create_app(two_tool_service(), mcp=False)) as client:
+        for tools, param in (([WEATHER, WEATHER], "tools.1.function.name"),
+                             ([{"type": "function", "function": {"name": "bad name"}}], "tools.0.function.name")):
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}],
+                                                          "tools": tools})
+            assert r.status_code == 422 and r.json()["error"]["param"] == param

@@ -54,6 +54,7 @@ class ContextManager:
         self.store = PassageStore(config, count_tokens, compressor)
         self.renderer = Renderer(config, count_tokens, render_chat, self.protocol, self.marker_protocol,
                                  lambda: self.store.numbers)
+        self.tools_prompt = ""  # a client's tools, described after the system prompt (rigkit.serve.tools)
         self.start("")
 
     @property
@@ -67,6 +68,8 @@ class ContextManager:
         self.question = question
         self.language = self.config.language if self.config.language != "auto" else detect_language(question)
         self.system = self.config.system_prompt or system_prompt(self.language, self.marker_protocol)
+        if self.tools_prompt:
+            self.system += "\n\n" + self.tools_prompt
         self.history, self.history_fit = self._bounded_history(history)
         self.store.clear()
         self.renderer.start(Asked(question, self.language, self.system, self.history))

@@ -37,6 +37,7 @@ class DecisionState:
     segments: list[Segment] = field(default_factory=list)  # accepted segments before this one
     last_query: Query | None = None  # the previous retrieval's query, if any
     last_hits: list[Hit] = field(default_factory=list)  # ... and what it found
+    history: list[tuple[str, str]] = field(default_factory=list)  # earlier (question, answer) turns
 
 
 @runtime_checkable

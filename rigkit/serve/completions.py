@@ -43,7 +43,7 @@ async def complete(service: RigService, body: ChatCompletionRequest, request: Re
         on_event = (lambda e: pipe.put(("event", e))) if pipe else None
         if tools:
             return service.tool_step(job, conversation.question, conversation.history, conversation.rounds,
-                                     options, on_event=on_event, hold=True)
+                                     options, on_event=on_event, hold=True, tools=tools)
         return service.ask(job, conversation.question, conversation.history, options, on_event=on_event, hold=True)
 
     job = submit(service, pipe, work)

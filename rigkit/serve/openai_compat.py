@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from rigkit.errors import InputError
 from rigkit.serve.jobs import RequestError
 from rigkit.serve.schemas import ChatCompletionRequest, Message, Options
 from rigkit.serve.service import AskOptions, ToolCall, ToolRound
+from rigkit.serve.tools import Tool, check_arguments, declare
 from rigkit.text import check_question
 
 __all__ = [
@@ -37,7 +39,7 @@ class Conversation:
     rounds: list[ToolRound] = field(default_factory=list)
 
 
-def parse_messages(messages: list[Message], tools_enabled: bool) -> Conversation:
+def parse_messages(messages: list[Message], tools: Mapping[str, Tool] | None) -> Conversation:
     """Question, history and finished tool rounds from an OpenAI message list."""
     users = [i for i, m in enumerate(messages) if m.role == "user"]
     if not users:
@@ -53,27 +55,37 @@ def parse_messages(messages: list[Message], tools_enabled: bool) -> Conversation
         nxt = next((j for j in users if j > i), last)
         replies = [m.text() for m in messages[i + 1 : nxt] if m.role == "assistant" and m.text()]
         history.append((messages[i].text(), replies[-1] if replies else ""))
-    rounds = _tool_rounds(messages, last) if tools_enabled else []
+    rounds = _tool_rounds(messages, last, tools) if tools else []
     return Conversation(question, history, rounds)
 
 
-def _tool_rounds(messages: list[Message], start: int) -> list[ToolRound]:
+def _tool_rounds(messages: list[Message], start: int, tools: Mapping[str, Tool]) -> list[ToolRound]:
     """The tool rounds of the question at `start`; rounds before it belong to answered turns."""
     replies = {m.tool_call_id: (i, m) for i, m in enumerate(messages) if m.role == "tool" and i > start}
     rounds, answered = [], set()
     for i, m in enumerate(messages[start + 1 :], start + 1):
         if m.role != "assistant" or not m.tool_calls:
             continue
-        ids, queries, results = [], [], []
-        for call in m.tool_calls:
+        ids, queries, results, names = [], [], [], []
+        for j, call in enumerate(m.tool_calls):
             if call.id not in replies:
                 raise RequestError(f"messages.{i}.tool_calls: no tool message answers {call.id!r}",
                                    f"messages.{i}.tool_calls")
+            where = f"messages.{i}.tool_calls.{j}.function"
+            tool = tools.get(call.function.name)
+            if tool is None:
+                raise RequestError(f"{where}.name: unknown tool {call.function.name!r}; the request declares "
+                                   f"{', '.join(tools)}", f"{where}.name")
+            try:
+                arguments = check_arguments(tool, call.function.arguments, f"{where}.arguments")
+            except InputError as err:
+                raise RequestError(str(err), f"{where}.arguments") from None
             ids.append(call.id)
-            queries.append(_query_of(call.function.arguments))
+            names.append(tool.name)
+            queries.append(str(arguments.get("query", "")))
             results.append(replies[call.id][1].text())
             answered.add(call.id)
-        rounds.append(ToolRound(ids, queries, results))
+        rounds.append(ToolRound(ids, queries, results, names))
     for call_id, (i, _) in replies.items():
         if call_id not in answered:
             raise RequestError(f"messages.{i}.tool_call_id: {call_id!r} matches no assistant tool call",
@@ -81,28 +93,19 @@ def _tool_rounds(messages: list[Message], start: int) -> list[ToolRound]:
     return rounds
 
 
-def _query_of(arguments: str) -> str:
-    try:
-        value = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        return arguments
-    return str(value.get("query", "")) if isinstance(value, dict) else str(value)
-
-
-def check_tools(request: ChatCompletionRequest) -> bool:
-    """Whether the request runs the client-side tool loop (it declares a `search` function)."""
+def check_tools(request: ChatCompletionRequest) -> dict[str, Tool] | None:
+    """The request's declared tools, by name (None: no client-side tool loop). Any function may be
+    declared; a `search` among them is run by the client, otherwise by the served index."""
     if not request.tools or request.tool_choice == "none":
-        return False
-    names = [t.function.name for t in request.tools]
-    if "search" not in names:
-        raise RequestError(
-            f"tools: rigkit calls one tool, a function named 'search' taking {{\"query\": ...}}; got {names}",
-            "tools",
-        )
-    return True
+        return None
+    defs = [t.function.model_dump() for t in request.tools]
+    try:
+        return declare(defs)
+    except InputError as err:
+        raise RequestError(str(err), str(err).split(":", 1)[0]) from None
 
 
-def ask_options(request: ChatCompletionRequest, tools: bool) -> AskOptions:
+def ask_options(request: ChatCompletionRequest, tools: object) -> AskOptions:
     """`options` first, then OpenAI's own top-level fields; `turns` caps the tool rounds."""
     o: Options = request.options
     return AskOptions(
@@ -165,9 +168,9 @@ class Completion:
         id and name first, then argument fragments."""
         frames = []
         for index, call in enumerate(calls):
-            arguments = _arguments(call.query)
+            arguments = _arguments(call)
             first = {"index": index, "id": call.call_id, "type": "function",
-                     "function": {"name": "search", "arguments": ""}}
+                     "function": {"name": call.name, "arguments": ""}}
             frames.append(self.chunk({"role": "assistant", "tool_calls": [first]} if index == 0
                                      else {"tool_calls": [first]}))
             for start in range(0, len(arguments), 16):
@@ -182,12 +185,12 @@ def tool_call_message(calls: list[ToolCall], draft: str) -> dict[str, Any]:
         "role": "assistant",
         "content": draft or None,
         "tool_calls": [{"id": c.call_id, "type": "function",
-                        "function": {"name": "search", "arguments": _arguments(c.query)}} for c in calls],
+                        "function": {"name": c.name, "arguments": _arguments(c)}} for c in calls],
     }
 
 
-def _arguments(query: str) -> str:
-    return json.dumps({"query": query}, ensure_ascii=False)
+def _arguments(call: ToolCall) -> str:
+    return json.dumps(call.arguments, ensure_ascii=False)
 
 
 def usage_of(tokens: dict[str, int]) -> dict[str, int]:

@@ -26,24 +26,21 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rigkit.config import RunConfig
 from rigkit.controller import RoundCallback
-from rigkit.serve.schemas import RequestError
+from rigkit.serve.paused import PausedRuns, PerNeedQueries
 from rigkit.serve.searcher import SharedSearcher
+from rigkit.serve.tools import SEARCH, Tool, declare, model_calls, tools_prompt
 from rigkit.serve.worker import Job, ModelWorker
 from rigkit.streaming import Cancelled, StreamEvent, TokenStream
+from rigkit.text import detect_language
 from rigkit.trace import Hit, RIGResult, RoundTrace, SearchRequest
 
-__all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "round_summary", "MAX_PAUSED",
-           "PAUSED_SECONDS"]
-
-MAX_PAUSED = 256  # tool call ids of paused client-tool runs kept; the oldest go first
-PAUSED_SECONDS = 900.0  # how long a paused run waits for its tool results
+__all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "round_summary"]
 
 
 @dataclass(frozen=True)
@@ -67,14 +64,22 @@ class ToolRound:
     call_ids: list[str]
     queries: list[str]
     results: list[str]
+    names: list[str] = field(default_factory=list)  # each call's tool ("search" when not given)
 
 
 @dataclass
 class ToolCall:
-    """One search the client is asked to run."""
+    """One call the client is asked to run: a tool and its arguments (a `search` has a `query`)."""
 
     call_id: str
-    query: str
+    query: str = ""
+    name: str = SEARCH
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.arguments:
+            self.arguments = {"query": self.query}
+        self.query = self.query or str(self.arguments.get("query", ""))
 
 
 @dataclass
@@ -88,7 +93,7 @@ class ToolStep:
 
     @property
     def queries(self) -> list[str]:
-        return [c.query for c in self.calls]
+        return [c.query for c in self.calls if c.name == SEARCH]
 
 
 class RigService:
@@ -129,8 +134,7 @@ class RigService:
         self.model_name = config.generator.model
         self.tool_result_tokens = tool_result_tokens or config.context.max_passage_tokens
         self.worker = ModelWorker(max_queue, workers)
-        self._paused: OrderedDict[str, tuple[float, str, Any]] = OrderedDict()  # call id -> (when, question, run)
-        self._paused_lock = threading.Lock()
+        self.paused = PausedRuns()  # client-tool runs waiting for the client's results
         self.started = int(time.time())
 
     @property
@@ -193,54 +197,53 @@ class RigService:
         on_event: Callable[[StreamEvent], None] | None = None,
         on_round: Callable[[RoundTrace], None] | None = None,
         hold: bool = True,
+        tools: Mapping[str, Tool] | None = None,
     ) -> ToolStep:
-        """Client-side tools: run until the loop pauses at a search the client has not done yet."""
+        """Client-side tools: run until the loop pauses at a call the client has not answered yet.
+
+        `tools` are the client's (default: its `search` alone); searches it did not declare are
+        run here on the served index, and only its own tools' calls go back to it."""
+        tools = dict(tools) if tools is not None else declare([{"name": SEARCH}])
         generator = self.generator_of(job.slot)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
-        run = self._take_paused(question, rounds[-1]) if rounds else None
+        paused = self.paused.take(question, rounds[-1].call_ids) if rounds else None
         with _sampling(generator, options):
-            if run is None:  # a new question, or its paused run is gone: the results go before it
+            if paused is None:  # a new question, or its paused run is gone: the results go before it
                 controller = self._controller(options, callbacks, generator=generator, stop=_stop_check(job))
-                controller.query_builder = _PerNeedQueries(controller.query_builder)
+                controller.query_builder = PerNeedQueries(controller.query_builder)
+                protocol = controller.context.protocol
+                controller.context.tools_prompt = tools_prompt(tools, protocol.open, protocol.close,
+                                                               detect_language(question))
                 run = controller.start(question, [h for r in rounds for h in self._tool_hits(r)], history)
             else:
+                run, served = paused
                 run.controller.generator, run.controller.callbacks = generator, callbacks
-                run.resume(run.request.id, self._tool_hits(rounds[-1]))
+                run.resume(run.request.id, served + self._tool_hits(rounds[-1]))
             while (step := run.step()) is not None:
-                if isinstance(step, SearchRequest):
-                    return self._ask_client(run, step, stream.committed)
+                if not isinstance(step, SearchRequest):
+                    continue
+                calls, served = self._calls(run, step, tools)
+                if not calls:  # every need was a search the client left to the served index
+                    run.resume(step.id, served)
+                    continue
+                self.paused.keep(run, [c.call_id for c in calls], served)
+                generated = sum(len(r.segment.token_ids) for r in run.rounds) + len(run.paused[1].segment.token_ids)
+                return ToolStep(calls=calls, draft=stream.committed, tokens={"generated": generated})
         return ToolStep(result=run.result, draft=stream.committed)
 
-    def _ask_client(self, run: Any, request: SearchRequest, draft: str) -> ToolStep:
-        """The paused run kept under its calls' ids: one call per need of the round."""
+    def _calls(self, run: Any, request: SearchRequest, tools: Mapping[str, Tool]) -> tuple[list[ToolCall], list[Hit]]:
+        """The client's calls for a paused round (one per need), and the hits of the searches it
+        left to the served index."""
         queries = run.controller.query_builder.queries() or request.queries
-        calls = [ToolCall(f"call_{uuid.uuid4().hex[:24]}", q) for q in queries]
-        with self._paused_lock:
-            now = time.monotonic()
-            for call in calls:  # a client may answer the calls of one message in any order
-                self._paused[call.call_id] = (now, run.question, run)
-            while self._paused and (len(self._paused) > MAX_PAUSED
-                                    or now - next(iter(self._paused.values()))[0] > PAUSED_SECONDS):
-                self._paused.popitem(last=False)
-        generated = sum(len(r.segment.token_ids) for r in run.rounds) + len(run.paused[1].segment.token_ids)
-        return ToolStep(calls=calls, draft=draft, tokens={"generated": generated})
-
-    def _take_paused(self, question: str, answered: ToolRound) -> Any:
-        """The paused run the results of `answered` are for (taken: one continuation resumes it)."""
-        with self._paused_lock:
-            found = {id(e[2]): e for c in answered.call_ids if (e := self._paused.get(c)) is not None}
-            if len(found) > 1:
-                raise RequestError("messages: the tool results answer searches of different answers; send the "
-                                   "results of one assistant message's tool calls", "messages")
-            if not found:
-                return None
-            when, asked, run = next(iter(found.values()))
-            if asked != question:
-                raise RequestError(f"messages: tool call {answered.call_ids[0]!r} was asked for another question "
-                                   f"({asked[:80]!r})", "messages")
-            for c in [c for c, e in self._paused.items() if e[2] is run]:
-                del self._paused[c]
-        return None if time.monotonic() - when > PAUSED_SECONDS else run
+        markers = run.paused[1].decision.evidence.get("markers") or []
+        phrases = [m["phrase"] for m in markers if m.get("phrase")]
+        calls, served = [], []
+        for name, arguments in model_calls(phrases, queries, tools, request.top_k):
+            if name == SEARCH and SEARCH not in tools:
+                served += self.search([arguments["query"]], request.top_k)[0]
+            else:
+                calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments))
+        return calls, served
 
     # -- helpers -------------------------------------------------------------------------------
     def _callbacks(self, job: Job, on_event, on_round, hold: bool) -> tuple[TokenStream, list[Any]]:
@@ -275,9 +278,11 @@ class RigService:
     def _tool_hits(self, tool_round: ToolRound) -> list[Hit]:
         """The client's results as passages, each capped with a visible truncation note."""
         hits = []
-        for call_id, text in zip(tool_round.call_ids, tool_round.results):
-            hits.append(Hit(chunk_id=call_id, doc_id=call_id, title="search result",
-                            text=self.cap_text(text), score=1.0, metadata={"tool_call_id": call_id}))
+        names = tool_round.names or [SEARCH] * len(tool_round.call_ids)
+        for call_id, name, text in zip(tool_round.call_ids, names, tool_round.results):
+            # the citation names the tool: [[citation:weather:call_…]]
+            hits.append(Hit(chunk_id=f"{name}:{call_id}", doc_id=name, title=f"{name} result",
+                            text=self.cap_text(text), score=1.0, metadata={"tool": name, "tool_call_id": call_id}))
         return hits
 
     def cap_text(self, text: str) -> str:
@@ -336,59 +341,6 @@ class _RoundSink(RoundCallback):
 
     def on_round_end(self, round_trace: RoundTrace) -> None:
         self.on_round(round_trace)
-
-
-# Query builders whose query is made from the decision's intents themselves: several intents
-# are several searches. The others (masked, rewrite, attention) search for the whole sentence.
-SPLIT_QUERY_MODES = ("marker", "keywords")
-
-
-class _PerNeedQueries:
-    """The run's query builder, remembering the last round so its needs can be asked one by one.
-
-    `queries()` builds one query per need of that round (each marker, else each intent, alone),
-    distinct and in order; empty when the round has one need or the builder does not split."""
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-        self.mode = getattr(inner, "mode", "")
-        self.last: tuple[Any, ...] | None = None
-
-    def build(self, question: str, draft: str, decision: Any, state: Any = None) -> Any:
-        self.last = (question, draft, decision, state)
-        return self.inner.build(question, draft, decision, state)
-
-    def queries(self) -> list[str]:
-        if self.last is None or self.mode not in SPLIT_QUERY_MODES:
-            return []
-        question, draft, decision, state = self.last
-        needs = _needs(decision)
-        if len(needs) < 2:
-            return []
-        texts: list[str] = []
-        for need in needs:
-            text = self.inner.build(question, draft, need, state).text.strip()
-            if text and text not in texts:
-                texts.append(text)
-        return texts
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def _needs(decision: Any) -> list[Any]:
-    """The decision split into one decision per need: per marker, else per intent."""
-    markers = [m for m in (decision.evidence.get("markers") or []) if m.get("phrase")]
-    if len(markers) > 1:
-        return [dataclasses.replace(decision, intents=[m["phrase"]],
-                                    evidence={**decision.evidence, "markers": [m]}) for m in markers]
-    intents = decision.intents
-    if len(intents) > 1:
-        aligned = len(decision.spans) == len(intents)
-        return [dataclasses.replace(decision, intents=[intent],
-                                    spans=[decision.spans[i]] if aligned else list(decision.spans))
-                for i, intent in enumerate(intents)]
-    return [decision]
 
 
 class _sampling:
