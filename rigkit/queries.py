@@ -96,7 +96,7 @@ def standalone_question(question: str, history: Sequence[tuple[str, str]]) -> st
 
     A follow-up such as "and what about its NOTICE file?" after "What does Apache-2.0 require?"
     becomes "and what about Apache-2.0's NOTICE file?" (那它的NOTICE文件呢？ -> 那Apache-2.0的NOTICE文件呢？),
-    so no query searches for "its". The subject is the first entity (else key term) of the most
+    so no query searches for "its". The subject is the first entity (else name or code) of the most
     recent earlier question that has one; without history or a pointing word, `question` is kept.
     """
     pointing = [w for w in split_words(question) if w.text.lower() in _POINTING]
@@ -123,10 +123,10 @@ def resolve_query(query: Query, question: str, history: Sequence[tuple[str, str]
 
 
 def _subjects(question: str) -> list[str]:
-    """What a question is about, likeliest first: its entities, then names and codes, then terms."""
-    terms = key_terms(question)
-    named = [t for t in terms if any(c.isupper() or c.isdigit() for c in t)]
-    return question_entities(question) or named or terms
+    """What a question is about, likeliest first: its entities, else its names and codes (none: a
+    question such as "Who designed it?" names nothing, and an earlier one is looked at)."""
+    named = [t for t in key_terms(question) if any(c.isupper() or c.isdigit() for c in t)]
+    return question_entities(question) or named
 
 
 def _intent(decision: Decision) -> str:

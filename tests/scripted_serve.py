@@ -43,13 +43,36 @@ class SlowScript(ScriptedGenerator):
         return SUMMARY
 
 
+# RIGKIT_TEST_SCRIPT=tools: every question calls the client's `weather` tool, then searches, then
+# answers (the marker decider reads the model's own <retrieve> markers)
+TOOL_SCRIPT = ['It is sunny. <retrieve>weather {"city": "Paris"}</retrieve>',
+               " The tower is tall. <retrieve>its height</retrieve>", " The Eiffel Tower is 330 metres tall."]
+
+
+class ToolScript(ScriptedGenerator):
+    """The tool script from its start for each question (a reset), like a greedy model."""
+
+    def __init__(self) -> None:
+        super().__init__(TOOL_SCRIPT)
+
+    def reset(self, seed: int | None = None) -> None:
+        self.segments = [make_segment(text) for text in TOOL_SCRIPT]
+        self.segments[-1].finish_reason = "end_of_turn"
+
+    def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
+        return SUMMARY
+
+
 def main(argv: list[str]) -> int:
     import rigkit.build
     from rigkit.cli import main as rigkit_main
 
     pause = float(os.environ.get("RIGKIT_TEST_TOKEN_SECONDS", "0"))
-    rigkit.build.build_generator = lambda config: SlowScript(pause)
     rigkit.build.build_retriever = lambda config: DictRetriever({}, default=HITS)
+    if os.environ.get("RIGKIT_TEST_SCRIPT") == "tools":
+        rigkit.build.build_generator = lambda config: ToolScript()
+        return rigkit_main(["serve", "--set", "decider.name=marker", "--set", "query.mode=marker", *argv])
+    rigkit.build.build_generator = lambda config: SlowScript(pause)
     return rigkit_main(["serve", "--set", "decider.name=never", *argv])
 
 

@@ -107,15 +107,17 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
         options = _options(body.options)
         history = [tuple(pair) for pair in body.history]
         check_history(history)
+        conversation, history = service.history_of(body.conversation, history)
         if not body.stream:
-            job = submit(service, None, lambda job: service.ask(job, body.question, history, options))
+            job = submit(service, None, lambda job: service.remember(
+                conversation, body.question, service.ask(job, body.question, history, options)))
             result = await wait_job(request, service, job)
-            return Response(result.to_json(), media_type="application/json")
+            return Response(_with_conversation(result.to_json(), conversation), media_type="application/json")
         pipe = Pipe()
-        job = submit(service, pipe, lambda job: service.ask(
+        job = submit(service, pipe, lambda job: service.remember(conversation, body.question, service.ask(
             job, body.question, history, options, on_event=lambda e: pipe.put(("event", e)),
-            on_round=lambda t: pipe.put(("round", round_summary(t)))))
-        return sse(_chat_events(service, job, pipe))
+            on_round=lambda t: pipe.put(("round", round_summary(t))))))
+        return sse(_chat_events(service, job, pipe, conversation))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
@@ -135,7 +137,8 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
 
 
 # -- streams ----------------------------------------------------------------------------------
-async def _chat_events(service: RigService, job: Job, pipe: Pipe) -> AsyncIterator[dict[str, str]]:
+async def _chat_events(service: RigService, job: Job, pipe: Pipe,
+                       conversation: str | None = None) -> AsyncIterator[dict[str, str]]:
     """`token` / `retract` events as the model writes, a `round` per round, then `result`."""
     try:
         while True:
@@ -154,10 +157,17 @@ async def _chat_events(service: RigService, job: Job, pipe: Pipe) -> AsyncIterat
         except Exception as err:  # noqa: BLE001 - the stream's one outcome is this error event
             yield {"event": "error", "data": json.dumps(error_of(err)["error"], ensure_ascii=False)}
             return
-        yield {"event": "result", "data": result.to_json()}
+        yield {"event": "result", "data": _with_conversation(result.to_json(), conversation)}
     finally:
         if not job.future.done():
             service.worker.cancel(job)  # the client went away: stop its generation
+
+
+def _with_conversation(result_json: str, conversation: str | None) -> str:
+    """The result's JSON, with the conversation's id when the request named one."""
+    if conversation is None:
+        return result_json
+    return json.dumps({**json.loads(result_json), "conversation": conversation}, ensure_ascii=False)
 
 
 def _options(o: Any) -> AskOptions:

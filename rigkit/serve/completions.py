@@ -33,6 +33,7 @@ async def complete(service: RigService, body: ChatCompletionRequest, request: Re
     tools = oa.check_tools(body)
     conversation = oa.parse_messages(body.messages, tools)
     check_history(conversation.history, "messages")
+    kept, conversation.history = service.history_of(body.conversation, conversation.history)
     options = oa.ask_options(body, tools)
     completion = oa.Completion(body.model or service.model_name)
     stops = body.stop_strings()
@@ -42,29 +43,35 @@ async def complete(service: RigService, body: ChatCompletionRequest, request: Re
     def work(job: Any) -> Any:
         on_event = (lambda e: pipe.put(("event", e))) if pipe else None
         if tools:
-            return service.tool_step(job, conversation.question, conversation.history, conversation.rounds,
-                                     options, on_event=on_event, hold=True, tools=tools)
-        return service.ask(job, conversation.question, conversation.history, options, on_event=on_event, hold=True)
+            outcome = service.tool_step(job, conversation.question, conversation.history, conversation.rounds,
+                                        options, on_event=on_event, hold=True, tools=tools)
+        else:
+            outcome = service.ask(job, conversation.question, conversation.history, options, on_event=on_event,
+                                  hold=True)
+        return service.remember(kept, conversation.question, outcome)
 
     job = submit(service, pipe, work)
     if pipe is None:
         outcome = await wait_job(request, service, job)
-        return JSONResponse(_response(completion, outcome, stops, limit))
+        return JSONResponse(_response(completion, outcome, stops, limit, kept))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return sse(_stream(service, job, pipe, completion, stops, limit, include_usage))
+    return sse(_stream(service, job, pipe, completion, stops, limit, include_usage, kept))
 
 
-def _response(completion: oa.Completion, outcome: RIGResult | ToolStep, stops: list[str], limit: int) -> dict:
+def _response(completion: oa.Completion, outcome: RIGResult | ToolStep, stops: list[str], limit: int,
+              conversation: str | None = None) -> dict:
+    named = {"conversation": conversation} if conversation else {}
     if isinstance(outcome, ToolStep) and outcome.result is None:
         message = oa.tool_call_message(outcome.calls, outcome.draft)
         usage = oa.usage_of(outcome.tokens)
-        return completion.response(message, "tool_calls", usage, {"draft": outcome.draft, "queries": outcome.queries})
+        return completion.response(message, "tool_calls", usage,
+                                   {"draft": outcome.draft, "queries": outcome.queries, **named})
     result = outcome.result if isinstance(outcome, ToolStep) else outcome
     assert result is not None
     answer, stopped = oa.cut_at_stop(result.answer, stops)
     finish = "stop" if stopped else _finish_reason(result, limit)
     return completion.response({"role": "assistant", "content": answer}, finish, oa.usage_of(result.tokens),
-                               _rig(result))
+                               {**_rig(result), **named})
 
 
 def _finish_reason(result: RIGResult, limit: int) -> str:
@@ -87,7 +94,7 @@ def _rig(result: RIGResult) -> dict[str, Any]:
 
 
 async def _stream(service: RigService, job: Any, pipe: Any, completion: oa.Completion, stops: list[str],
-                  limit: int, include_usage: bool) -> AsyncIterator[dict[str, str]]:
+                  limit: int, include_usage: bool, conversation: str | None = None) -> AsyncIterator[dict[str, str]]:
     def frame(data: dict) -> dict[str, str]:
         return {"data": json.dumps(data, ensure_ascii=False)}
 
@@ -126,7 +133,8 @@ async def _stream(service: RigService, job: Any, pipe: Any, completion: oa.Compl
                 yield frame(chunk)
             yield frame(completion.chunk({}, "tool_calls"))
         elif not answer.stopped:
-            yield frame(completion.chunk({}, _finish_reason(result, limit), rig=_rig(result)))
+            named = {"conversation": conversation} if conversation else {}
+            yield frame(completion.chunk({}, _finish_reason(result, limit), rig={**_rig(result), **named}))
         if include_usage:
             yield frame(completion.usage_chunk(usage))
         yield {"data": "[DONE]"}

@@ -12,12 +12,44 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rigkit.errors import InputError
 from rigkit.retrieval.filters import parse_filters
 from rigkit.serve.metrics import note_outcome
-from rigkit.serve.service import RigService, grounding_summary
+from rigkit.serve.schemas import history_too_large
+from rigkit.serve.service import RigService, ToolRound, grounding_summary
+from rigkit.serve.tools import declare
 from rigkit.text import check_question
 
 __all__ = ["build_mcp"]
+
+
+def _answer(result: Any) -> dict[str, Any]:
+    return {"answer": result.answer, "used_retrieval_times": result.used_retrieval_times,
+            "citations": result.citations, "low_confidence": result.low_confidence, **grounding_summary(result)}
+
+
+def check_history(history: list[list[str]]) -> list[tuple[str, str]]:
+    """[question, answer] pairs, or an error naming the first turn that is not one."""
+    for i, turn in enumerate(history):
+        if len(turn) != 2 or not all(isinstance(t, str) for t in turn):
+            raise InputError(f"history.{i}: a turn is [question, answer]")
+    turns = [(q, a) for q, a in history]
+    problem = history_too_large(turns)
+    if problem:
+        raise InputError(problem)
+    return turns
+
+
+def _answered(results: list[dict[str, str]], tools: dict[str, Any]) -> list[ToolRound]:
+    """The client's results as the one tool round they finish (none: a new question)."""
+    if not results:
+        return []
+    for i, r in enumerate(results):
+        if not r.get("id") or r.get("name") not in tools:
+            raise InputError(f"tool_results.{i}: needs the call's id and the name of a declared tool "
+                             f"({', '.join(tools)}); got {r.get('name')!r}")
+    return [ToolRound([r["id"] for r in results], [""] * len(results), [str(r.get("content", "")) for r in results],
+                      [r["name"] for r in results])]
 
 _LOCAL = ("127.0.0.1", "localhost", "::1")
 
@@ -39,26 +71,40 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
                   json_response=http, log_level="WARNING")
 
     @mcp.tool()
-    async def search(query: str, top_k: int = 3,
-                     filters: dict[str, Any] | list[str] | None = None) -> list[dict[str, Any]]:
+    async def search(query: str, top_k: int = 3, filters: dict[str, Any] | list[str] | None = None,
+                     source: str | None = None) -> list[dict[str, Any]]:
         """Search the index; passages best first, each capped with a visible truncation note.
         `filters` keeps chunks whose metadata passes, e.g. {"lang": "en", "year": {"gte": 1990}}
-        or ["lang=en", "year>=1990"]."""
+        or ["lang=en", "year>=1990"]; `source` names one knowledge base of several."""
         check_question(query, "the query")
         filters = parse_filters(filters)  # a malformed filter is the tool's error, before any search
-        hits = (await asyncio.to_thread(service.search, [query], max(1, min(int(top_k), 20)), filters))[0]
+        top_k = max(1, min(int(top_k), 20))
+        hits = (await asyncio.to_thread(service.search, [query], top_k, filters, source))[0]
         return [{"id": h.chunk_id, "title": h.title, "text": service.cap_text(h.text), "score": round(h.score, 4)}
                 for h in hits]
 
     @mcp.tool()
-    async def ask(question: str) -> dict[str, Any]:
+    async def ask(question: str, history: list[list[str]] | None = None, tools: list[dict[str, Any]] | None = None,
+                  tool_results: list[dict[str, str]] | None = None) -> dict[str, Any]:
         """Answer with the RIG loop: the cited answer, how many retrievals it used, the citations,
-        and what the grounding checks flagged (suspicious sentences, warnings)."""
+        and what the grounding checks flagged (suspicious sentences, warnings). `history` holds
+        earlier [question, answer] turns. With `tools` (each {"name", "description",
+        "parameters"}: a JSON schema) the answer may stop at a call of one of them: the reply is
+        {"tool_calls": [{"id", "name", "arguments"}], "draft"}; run them and ask again with the
+        same question and `tool_results` ([{"id", "name", "content"}]) to go on."""
         check_question(question)
-        job = service.worker.submit(lambda job: note_outcome(service.ask(job, question)))
-        result = await asyncio.wrap_future(job.future)
-        return {"answer": result.answer, "used_retrieval_times": result.used_retrieval_times,
-                "citations": result.citations, "low_confidence": result.low_confidence,
-                **grounding_summary(result)}
+        turns = check_history(history or [])
+        if tools is None:
+            job = service.worker.submit(lambda job: note_outcome(service.ask(job, question, turns)))
+            return _answer(await asyncio.wrap_future(job.future))
+        declared = declare(tools)
+        answered = _answered(tool_results or [], declared)
+        job = service.worker.submit(lambda job: note_outcome(
+            service.tool_step(job, question, turns, answered, tools=declared)))
+        step = await asyncio.wrap_future(job.future)
+        if step.result is not None:
+            return _answer(step.result)
+        return {"tool_calls": [{"id": c.call_id, "name": c.name, "arguments": c.arguments} for c in step.calls],
+                "draft": step.draft}
 
     return mcp

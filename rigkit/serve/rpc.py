@@ -19,7 +19,13 @@ from rigkit.errors import InputError, UpstreamError
 from rigkit.serve.exposure import not_json
 from rigkit.serve.jobs import error_body, error_of, status_of, submit, wait_job
 from rigkit.serve.metrics import note_searches
-from rigkit.serve.schemas import AskParams, SearchParams, history_too_large, lone_surrogate_at
+from rigkit.serve.schemas import (
+    AskParams,
+    RequestError,
+    SearchParams,
+    history_too_large,
+    lone_surrogate_at,
+)
 from rigkit.serve.service import AskOptions, RigService
 from rigkit.serve.worker import Busy, Draining
 
@@ -111,7 +117,9 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
             raise _RpcError(INVALID_PARAMS, f"invalid params: {problem}", {"field": "history"})
         options = AskOptions(**p.options.model_dump())
         try:
-            job = submit(service, None, lambda job: service.ask(job, p.question, history, options))
+            conversation, history = service.history_of(p.conversation, history)
+            job = submit(service, None, lambda job: service.remember(
+                conversation, p.question, service.ask(job, p.question, history, options)))
             result = await wait_job(request, service, job)
         except Busy as err:
             raise _RpcError(SERVER_BUSY, str(err), {"retry_after": err.retry_after}) from err
@@ -119,11 +127,13 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
             raise _RpcError(SERVER_BUSY, str(err), {"retry_after": 0}) from err
         except InputError as err:
             raise _RpcError(INVALID_PARAMS, f"invalid params: {err}") from err
+        except RequestError as err:  # e.g. a conversation that is unknown or has expired
+            raise _RpcError(INVALID_PARAMS, f"invalid params: {err}", {"field": err.param, "code": err.code}) from err
         except UpstreamError as err:  # the model server failed (502) or missed its deadline (504)
             raise _RpcError(INTERNAL, str(err), {"status": status_of(err), "code": error_of(err)["error"]["code"]}) from err
         except Exception as err:  # noqa: BLE001 - reported to the caller as an internal error
             raise _RpcError(INTERNAL, f"{type(err).__name__}: {err}") from err
-        return json.loads(result.to_json())
+        return {**json.loads(result.to_json()), **({"conversation": conversation} if conversation else {})}
     raise _RpcError(METHOD_NOT_FOUND, f"method not found: {method!r}; methods: rig.ask, rig.search, rig.models")
 
 

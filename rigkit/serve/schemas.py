@@ -160,6 +160,8 @@ class ChatRequest(_Body):
     history: list[tuple[str, str]] = Field(default_factory=list)  # (question, answer) pairs
     options: Options = Field(default_factory=Options)
     stream: bool = False
+    # a conversation kept on the server: "new" starts one, its id (in the reply) continues it
+    conversation: str | None = Field(None, min_length=1, max_length=64)
 
     _check_question = field_validator("question")(_non_empty)
 
@@ -218,6 +220,8 @@ class ChatCompletionRequest(_Body):
     tools: list[ToolDef] | None = None
     tool_choice: str | dict[str, Any] | None = None
     turns: int | None = Field(None, ge=0, le=32)  # the cap on tool rounds
+    # a conversation kept on the server: "new" starts one, its id (in the reply) continues it
+    conversation: str | None = Field(None, min_length=1, max_length=64)
     stop: str | list[str] | None = None
     options: Options = Field(default_factory=Options)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -277,6 +281,8 @@ class AskParams(_Body):
     question: str
     history: list[tuple[str, str]] = Field(default_factory=list)
     options: Options = Field(default_factory=Options)
+    # a conversation kept on the server: "new" starts one, its id (in the reply) continues it
+    conversation: str | None = Field(None, min_length=1, max_length=64)
 
     _check_question = field_validator("question")(_non_empty)
 

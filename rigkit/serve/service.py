@@ -32,6 +32,7 @@ from typing import Any
 
 from rigkit.config import RunConfig
 from rigkit.controller import RoundCallback
+from rigkit.serve.conversations import Conversations
 from rigkit.serve.paused import PausedRuns, PerNeedQueries
 from rigkit.serve.searcher import SharedSearcher
 from rigkit.serve.tools import SEARCH, Tool, declare, model_calls, tools_prompt
@@ -135,6 +136,7 @@ class RigService:
         self.tool_result_tokens = tool_result_tokens or config.context.max_passage_tokens
         self.worker = ModelWorker(max_queue, workers)
         self.paused = PausedRuns()  # client-tool runs waiting for the client's results
+        self.conversations = Conversations()  # histories kept for clients that name a conversation
         self.started = int(time.time())
 
     @property
@@ -168,6 +170,22 @@ class RigService:
         restrict it to chunks whose metadata passes (`rigkit.retrieval.filters`), `source` to
         one knowledge base of several."""
         return self.retriever.search_many(list(queries), top_k, filters, source=source)
+
+    # -- conversations kept here ----------------------------------------------------------------
+    def history_of(self, conversation: str | None, history: Sequence[tuple[str, str]]) -> tuple[str | None, list]:
+        """The conversation's id (None: stateless) and its kept turns before `history` (404 when
+        the id is unknown or expired)."""
+        if conversation is None:
+            return None, list(history)
+        conversation, kept = self.conversations.open(conversation)
+        return conversation, kept + list(history)
+
+    def remember(self, conversation: str | None, question: str, outcome: Any) -> Any:
+        """`outcome` (an answer, or a tool step) after a finished answer joined `conversation`."""
+        result = outcome.result if isinstance(outcome, ToolStep) else outcome
+        if conversation is not None and result is not None:
+            self.conversations.add(conversation, question, result.answer)
+        return outcome
 
     # -- the RIG loop (on the worker thread) --------------------------------------------------
     def ask(
@@ -238,9 +256,9 @@ class RigService:
         markers = run.paused[1].decision.evidence.get("markers") or []
         phrases = [m["phrase"] for m in markers if m.get("phrase")]
         calls, served = [], []
-        for name, arguments in model_calls(phrases, queries, tools, request.top_k):
+        for name, arguments in model_calls(phrases, queries, tools, request.top_k, request.query.source):
             if name == SEARCH and SEARCH not in tools:
-                served += self.search([arguments["query"]], request.top_k)[0]
+                served += self.search([arguments["query"]], request.top_k, source=request.query.source or None)[0]
             else:
                 calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments))
         return calls, served

@@ -124,21 +124,21 @@ def parse_call(phrase: str, tools: Mapping[str, Tool]) -> tuple[str, dict[str, A
 
 
 def model_calls(phrases: Sequence[str], queries: Sequence[str], tools: Mapping[str, Tool],
-                top_k: int) -> list[tuple[str, dict[str, Any]]]:
+                top_k: int, source: str = "") -> list[tuple[str, dict[str, Any]]]:
     """(tool name, arguments) for each need of a paused round: `phrases` are the marker phrases
-    the model wrote, `queries` the searches built for the round (one per need when they align)."""
+    the model wrote, `queries` the searches built for the round (one per need when they align),
+    `source` the knowledge base the round's query names ("": none)."""
     named = [parse_call(p, tools) for p in phrases]
+    if len(phrases) == 1 and named[0] is not None:
+        return [named[0]]  # one call, whatever sub-queries its phrase was split into
     if len(phrases) != len(queries):  # one need searched as several sub-queries
-        named = named[:1] if len(phrases) == 1 and named and named[0] else []
-        if named:
-            return [named[0]]
-        return [(SEARCH, _search_arguments(q, tools, top_k)) for q in queries]
-    return [call or (SEARCH, _search_arguments(q, tools, top_k)) for call, q in zip(named, queries)]
+        named = [None] * len(queries)
+    return [call or (SEARCH, _search_arguments(q, tools, top_k, source)) for call, q in zip(named, queries)]
 
 
-def _search_arguments(query: str, tools: Mapping[str, Tool], top_k: int) -> dict[str, Any]:
-    """`{"query", "top_k"}`, keeping only what a client's own `search` schema names."""
-    arguments: dict[str, Any] = {"query": query, "top_k": top_k}
+def _search_arguments(query: str, tools: Mapping[str, Tool], top_k: int, source: str) -> dict[str, Any]:
+    """`{"query", "top_k", "source"}`, keeping only what a client's own `search` schema names."""
+    arguments: dict[str, Any] = {"query": query, "top_k": top_k, **({"source": source} if source else {})}
     declared = tools.get(SEARCH)
     known = declared.parameters.get("properties") if declared is not None else None
     return {k: v for k, v in arguments.items() if k == "query" or known is None or k in known}
