@@ -168,3 +168,14 @@ def test_share_and_ratio_intervals():
     ratio = ratio_interval([2, 0, 1], [2, 3, 1])
     assert ratio.value == pytest.approx(0.5) and 0 <= ratio.low <= ratio.value <= ratio.high <= 1
     assert ratio_interval([0, 0], [0, 0]) is None
+
+
+def test_question_walk_lists_each_round_with_the_hops_it_found():
+    from rigkit.eval.walk import answers_of, question_walk
+
+    walk = question_walk(RAG + RIG, GOLD["a"])
+    assert [(w["system"], w["round"], w["fired"], w["found"]) for w in walk] == [
+        ("rag", "upfront", True, ["hop 1"]), ("rig:prob", None, True, ["hop 1"]),
+        ("rig:prob", None, True, ["hop 2"]), ("rig:prob", None, False, [])]
+    answers = {a["system"]: a for a in answers_of(RAG + RIG, GOLD["a"])}
+    assert answers["rag"]["fired_at_fact"] is None and answers["rig:prob"]["fired_at_fact"] is True
