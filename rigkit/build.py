@@ -87,7 +87,7 @@ def build_controller(
 
 
 def build_generator(config: GeneratorConfig | None = None) -> Generator:
-    """The generator `config` describes: in-process (`hf`, device, dtype...) or served (`openai`)."""
+    """The generator `config` describes: in-process (`hf`, device, dtype...) or served (`openai`, `chat`, `ollama`)."""
     from rigkit import generation  # looked up at each call, so a test can stand in for the loader
 
     return generation.generator_from_config(config or GeneratorConfig())
@@ -99,7 +99,7 @@ SERVED_CONCURRENCY = 8  # loops at once against a served model: its server batch
 def default_concurrency(config: GeneratorConfig) -> int:
     """How many loops run at once by default: one for an in-process model (one KV cache, and a
     copy per loop would cost its memory again), several for a served model."""
-    return SERVED_CONCURRENCY if config.backend == "openai" else 1
+    return SERVED_CONCURRENCY if config.backend in ("openai", "chat", "ollama") else 1
 
 
 def build_retriever(config: RetrievalConfig | None = None, generator: Generator | None = None) -> Retriever:

@@ -67,7 +67,7 @@ class GeneratorConfig:
     top_p: float = 1.0  # nucleus sampling: keep the smallest token set this likely (1 = all)
     seed: int = 0  # sampling seed; evaluation repeats use seed + run
     use_cache: bool = True  # reuse the KV cache across rounds
-    backend: str = "hf"  # hf (in-process transformers) | openai (an OpenAI-compatible server)
+    backend: str = "hf"  # hf (in-process transformers) | openai (an OpenAI-compatible /v1/completions server, with the model's tokenizer here) | chat (any /v1/chat/completions server, no tokenizer here) | ollama (chat at http://localhost:11434/v1 unless base_url says otherwise)
     # in-process placement (backend hf)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (auto: cuda, then mps, then cpu)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: float32 on cpu, bf16 on cuda)
@@ -81,6 +81,7 @@ class GeneratorConfig:
     top_logprobs: int = 20  # top-k log-probabilities per token (vLLM caps at --max-logprobs)
     request_timeout: float = 120.0  # seconds a whole call may take (retries and the streamed answer included)
     max_retries: int = 4  # on connection errors, 429, 502, 503 and 504, with backoff (Retry-After honoured)
+    continuation: str = "auto"  # backend chat: how a draft is continued: auto (the server's final assistant message where it can, else a new turn) | continue | new_turn
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,12 @@ class Segment:
     # Chunk ids of the passages in context when this segment was generated (set by the
     # controller): what its sentences may cite. None in traces older than version 2.
     context_ids: list[str] | None = None
+    # A chat model's reasoning (`reasoning_content` or a `<think>` block): shown, never part of the
+    # text, the tokens or the scores. Empty for models that do not reason aloud.
+    reasoning: str = ""
+    # How a chat server continued the draft: "continue" (the final assistant message), "new_turn"
+    # (a user turn carrying the draft), "" (nothing to continue, or not a chat server).
+    continuation: str = ""
 
     @property
     def probs(self) -> list[float]:

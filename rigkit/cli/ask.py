@@ -97,8 +97,8 @@ def _check_generator(g) -> None:
     """Fail before loading a model when the generator settings cannot work."""
     from rigkit.generation.loading import check_placement
 
-    if g.backend == "openai" and not g.base_url:
-        raise InputError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+    if g.backend in ("openai", "chat") and not g.base_url:
+        raise InputError(f"--backend {g.backend} needs --base-url (e.g. http://127.0.0.1:8000/v1)")
     if g.backend == "hf":
         check_placement(g.device, g.dtype, g.attn_implementation)
 
@@ -133,8 +133,19 @@ def format_round(trace: RoundTrace) -> str:
         f"/{b.max_retrieval_tokens} | draft {b.draft} | free {b.free}"
     )
     timing = " ".join(f"{k} {v:.2f}s" for k, v in trace.timings.items() if v)
-    lines.append(f"tokens    pre-filled {trace.tokens_prefilled}, reused from cache {_reused(trace.tokens_reused)}   {timing}")
+    lines.append(f"tokens    pre-filled {trace.tokens_prefilled}, reused from cache {_reused(trace.tokens_reused)}"
+                 f"{_share(trace.tokens_prefilled, trace.tokens_reused)}   {timing}")
+    if trace.segment.continuation:
+        lines.append(f"continued {trace.segment.continuation.replace('_', ' ')}"
+                     " (chat server: the final assistant message, or a new turn carrying the draft)")
+    if trace.segment.reasoning:
+        lines.append(f"reasoning {_safe(' '.join(trace.segment.reasoning.split())[:200])!r} (not part of the answer)")
     return "\n".join(lines)
+
+
+def _share(prefilled: int, reused: int | None) -> str:
+    """The share of the prompt's tokens the cache (in-process, or the server's) served."""
+    return "" if not reused else f" ({reused / max(1, prefilled + reused):.0%} of the prompt)"
 
 
 def _safe(text: str) -> str:

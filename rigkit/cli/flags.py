@@ -50,14 +50,17 @@ class Flag:
 _FLAGS = [
     # generator: what model, and where it runs
     Flag("--model", "generator.model", "short name, hub id or local path"),
-    Flag("--backend", "generator.backend", "hf: in-process transformers; openai: a served model",
-         choices=("hf", "openai")),
+    Flag("--backend", "generator.backend", "hf: in-process transformers; openai: a served model over "
+         "/v1/completions (its tokenizer here); chat: any /v1/chat/completions server, no tokenizer here; "
+         "ollama: chat at http://localhost:11434/v1", choices=("hf", "openai", "chat", "ollama")),
     Flag("--base-url", "generator.base_url", "the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1"),
     Flag("--api-key-env", "generator.api_key_env", "environment variable holding the model server's API key",
          metavar="VAR"),
     Flag("--tokenizer", "generator.tokenizer", "the served model's tokenizer (hub id or path; null: --model)"),
     Flag("--top-logprobs", "generator.top_logprobs", "top-k log-probabilities per token from the server",
          type=int),
+    Flag("--continuation", "generator.continuation", "chat server: how a partial answer goes on: the final "
+         "assistant message where the server can (auto), always, or a new turn", choices=("auto", "continue", "new_turn")),
     Flag("--device", "generator.device", "auto|cpu|cuda|cuda:N|mps (in-process)"),
     Flag("--dtype", "generator.dtype", "weights' dtype (in-process)",
          choices=("auto", "float32", "bfloat16", "float16")),
@@ -110,7 +113,7 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in _FLAGS}
 
 # where the model runs: on every command that generates
 GENERATOR = ("--model", "--backend", "--base-url", "--api-key-env", "--tokenizer", "--top-logprobs",
-             "--device", "--dtype", "--device-map", "--attn-implementation", "--trust-remote-code")
+             "--continuation", "--device", "--dtype", "--device-map", "--attn-implementation", "--trust-remote-code")
 
 
 def help_text(flag: Flag) -> str:

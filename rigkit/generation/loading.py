@@ -129,8 +129,12 @@ def generator_from_config(config: GeneratorConfig) -> Generator:
         from rigkit.generation.openai import OpenAIGenerator
 
         return OpenAIGenerator.from_config(config)
+    if config.backend in ("chat", "ollama"):
+        from rigkit.generation.chat import ChatGenerator
+
+        return ChatGenerator.from_config(config)
     if config.backend != "hf":
-        raise InputError(f"unknown generator backend {config.backend!r}; choose hf or openai")
+        raise InputError(f"unknown generator backend {config.backend!r}; choose hf, openai, chat or ollama")
     return load_generator(
         config.model, use_cache=config.use_cache, temperature=config.temperature, top_p=config.top_p,
         dtype=config.dtype, device=config.device, device_map=config.device_map,

@@ -21,6 +21,9 @@ __all__ = [
     "SupportsAttention",
     "SupportsHiddenStates",
     "SupportsReset",
+    "ReportsTokenScores",
+    "PROBABILITY_DECIDERS",
+    "TEXT_DECIDERS",
     "check_decider_support",
 ]
 
@@ -89,6 +92,19 @@ class SupportsReset(Protocol):
     def reset(self, seed: int | None = None) -> None: ...
 
 
+@runtime_checkable
+class ReportsTokenScores(Protocol):
+    """A generator that may lack per-token log-probabilities (a chat server that does not send them)."""
+
+    def missing_token_scores(self) -> str | None:
+        """None when segments carry real log-probabilities, else what is missing, in one line."""
+        ...
+
+
+PROBABILITY_DECIDERS = ("prob", "entropy", "classifier")  # read the tokens' log-probabilities
+TEXT_DECIDERS = ("marker", "keyword", "always", "every_n", "never")  # read only the text
+
+
 def check_decider_support(config: Any, generator: Generator) -> None:
     """Refuse, in one line naming the decider, one that needs model internals `generator` lacks.
 
@@ -98,6 +114,10 @@ def check_decider_support(config: Any, generator: Generator) -> None:
     classifier checks its own needs when it is given the generator.
     """
     for member in (config, *config.members):
+        if member.name in PROBABILITY_DECIDERS and isinstance(generator, ReportsTokenScores):
+            if missing := generator.missing_token_scores():
+                raise InputError(f"decider {member.name!r} reads token probabilities, but {missing}; "
+                                 f"deciders that work with it: {', '.join(TEXT_DECIDERS)}")
         if member.name == "entropy" and member.params.get("use_attention", True):
             if not isinstance(generator, SupportsAttention):
                 raise InputError(

@@ -30,12 +30,18 @@ def budget_html(trace: RoundTrace) -> str:
     reused = trace.tokens_reused  # None: a served model that does not report its prefix cache
     total = trace.tokens_prefilled + (reused or 0)
     saved = f" ({reused / total:.0%} cached)" if total and reused is not None else ""
+    segment = trace.segment
+    chat = ""
+    if segment.continuation:  # a chat server: how it went on from the draft
+        chat += f"<br>continued: {esc(segment.continuation.replace('_', ' '))}"
+    if segment.reasoning:  # a reasoning model's thinking: shown, never part of the answer
+        chat += f'<br><span style="{MUTED_STYLE}">reasoning (not in the answer): {esc(segment.reasoning[:400])}</span>'
     return (
         f'<div class="rig-budget" style="{BOX_STYLE}">'
         f"system {b.system} · question {b.question} · passages {b.passages}"
         f" (max {b.max_retrieval_tokens}) · draft {b.draft} · free {b.free} / limit {b.limit}"
         f"<br>this round: {trace.tokens_prefilled} pre-filled, {'unknown' if reused is None else reused} from the KV cache"
-        f"{saved}</div>"
+        f"{saved}{chat}</div>"
     )
 
 

@@ -1,0 +1,83 @@
+"""llama.cpp's OpenAI-compatible server (llama-cpp-python's `llama_cpp.server`) for the tests.
+
+`python -m tests.llama_server <llama_cpp.server arguments>` runs the server's own `main()` with
+one model parameter changed: `use_extra_bufts` off. With it on (llama.cpp's default), weights are
+repacked for the CPU's AMX units where the CPU has them, and on such CPUs llama-cpp-python 0.3.36
+crashes (segmentation fault in `llama_decode`) on the first prompt longer than one token.
+`running(gguf, alias, log)` starts it on a free loopback port and yields its `/v1` URL.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["running", "free_port"]
+
+START_LIMIT = 120  # seconds until /v1/models answers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running(gguf: str | Path, alias: str, log: Path, *extra: str) -> Iterator[str]:
+    """The server on `gguf` serving it as `alias`, healthy; stopped on exit. RuntimeError (with the
+    log's tail) when it exits or does not answer within START_LIMIT seconds."""
+    import httpx
+
+    from tests.conftest import stop_process
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "tests.llama_server", "--model", str(gguf), "--model_alias", alias,
+           "--host", "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", "4096",
+           "--n_threads", "2", *extra]
+    root = Path(__file__).resolve().parents[1]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + START_LIMIT
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"llama.cpp's server exited: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama.cpp's server did not start in {START_LIMIT} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        stop_process(process)
+
+
+def main() -> None:
+    from llama_cpp import llama_cpp as capi
+
+    defaults = capi.llama_model_default_params
+
+    def without_repacking():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    capi.llama_model_default_params = without_repacking
+    from llama_cpp.server.__main__ import main as serve
+
+    sys.argv[0] = "llama_cpp.server"
+    serve()
+
+
+if __name__ == "__main__":
+    main()
