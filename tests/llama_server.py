@@ -39,7 +39,7 @@ def running(gguf: str | Path, alias: str, log: Path, *extra: str) -> Iterator[st
     port = free_port()
     cmd = [sys.executable, "-m", "tests.llama_server", "--model", str(gguf), "--model_alias", alias,
            "--host", "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", "4096",
-           "--n_threads", "2", *extra]
+           "--n_threads", "1", *extra]  # one thread: OpenMP workers spin badly on a shared 2-core machine
     root = Path(__file__).resolve().parents[1]
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)

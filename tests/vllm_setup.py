@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -125,10 +125,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None = None,
+            extra_args: Sequence[str] = ()) -> Iterator[str]:
     """vLLM serving `model_dir` on a free loopback port, healthy and warmed up: yields its base URL
     (`http://127.0.0.1:PORT`, add `/v1` for the OpenAI routes); stopped, with every process of
-    its group, on exit. Raises RuntimeError (with the log's tail) when it exits or hangs."""
+    its group, on exit. `extra_args` follow the usual ones (a later flag wins). Raises RuntimeError (with the log's tail) when it exits or hangs."""
     import httpx
 
     python = vllm_python()
@@ -136,7 +137,7 @@ def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None =
         raise RuntimeError(f"the vLLM venv is not installed; run: {INSTALL_COMMAND}")
     port = free_port()
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(python), *serve_args(model_dir, port)], stdout=out,
+        process = subprocess.Popen([str(python), *serve_args(model_dir, port), *extra_args], stdout=out,
                                    stderr=subprocess.STDOUT, env={**os.environ, **SERVE_ENV, **(extra_env or {})},
                                    start_new_session=True)  # one group: the engine and worker go with it
     base = f"http://127.0.0.1:{port}"

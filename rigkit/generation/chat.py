@@ -33,7 +33,12 @@ from typing import Any
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.errors import InputError
-from rigkit.generation.chat_messages import TokenEstimate, messages_of, render_markup, split_reasoning
+from rigkit.generation.chat_messages import (
+    TokenEstimate,
+    messages_of,
+    render_markup,
+    split_reasoning,
+)
 from rigkit.generation.chat_probe import ChatServer, probe_server, tokens_in
 from rigkit.generation.chat_stream import ChatReply, stream_events
 from rigkit.generation.server_replies import ServerError, read_json, usage_count

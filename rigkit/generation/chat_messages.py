@@ -7,6 +7,12 @@ manager renders with it as with any template (append-only, data spans marked `pl
 `messages_of` reads the pieces back into messages: markup only counts outside data spans and
 outside generated text, so a passage holding these characters stays a passage.
 
+Data spans are sent as text, and the server renders its template around them and tokenises the
+whole with special tokens parsed anywhere; its tokenizer is not known here, so the special-token
+spellings of the common chat templates (`<|...|>` as in ChatML and Llama 3, `<s>`, `[INST]`,
+`<start_of_turn>`, `<think>`) are broken in data with a WORD JOINER, as for text prompts
+(`rigkit.generation.text_prompts`): a passage cannot close its message or open a system turn.
+
 Reasoning: `split_reasoning` finds a leading `<think>...</think>` block in generated text (models
 that write their reasoning inline); servers that send it apart (`reasoning_content`) need no split.
 
@@ -27,10 +33,22 @@ from rigkit.text import CJK
 from rigkit.transcript import Piece
 
 __all__ = ["OPEN", "SEP", "CLOSE", "render_markup", "messages_of", "split_reasoning", "TokenEstimate",
-           "Reasoning"]
+           "Reasoning", "neutralize_chat_specials"]
 
 OPEN, SEP, CLOSE = "\ue000", "\ue001", "\ue002"
 _CJK = re.compile(f"[{CJK}]")
+_SPECIAL = re.compile(r"<\|[^<>|\s]{1,48}\|>|</?s>|\[/?INST\]|\[/?SYSTEM_PROMPT\]|<(?:start|end)_of_turn>|</?think>")
+_WORD_JOINER = "\u2060"
+
+
+def neutralize_chat_specials(text: str) -> str:
+    """`text` with the common special-token spellings broken after their first character."""
+    for _ in range(4):  # breaking one could in principle leave another
+        broken = _SPECIAL.sub(lambda m: m.group(0)[0] + _WORD_JOINER + m.group(0)[1:], text)
+        if broken == text:
+            return text
+        text = broken
+    return text
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -58,7 +76,7 @@ def messages_of(prompt: Sequence[Piece]) -> list[dict[str, str]]:
             if data:
                 if state != "content":
                     raise ValueError("text outside any chat message in the transcript")
-                content.append(text)
+                content.append(text if piece.token_ids is not None else neutralize_chat_specials(text))
                 continue
             for ch in text:
                 if ch == OPEN:
