@@ -194,7 +194,8 @@ def test_a_draft_is_continued_as_the_final_assistant_message_or_in_a_new_turn(se
             assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
             assert segment.text == "more."
         else:
-            assert body["messages"][-1]["role"] == "user" and "It is one." in body["messages"][-1]["content"]
+            assert body["messages"][-2] == {"role": "assistant", "content": "It is one."}
+            assert body["messages"][-1]["role"] == "user" and "Continue your answer" in body["messages"][-1]["content"]
             assert "continue_final_message" not in body
             assert segment.text == " more."  # a space joins it to the draft
 
@@ -282,3 +283,32 @@ def test_a_429_storm_gives_up_within_the_deadline(cli, server):
     _error_line(_ask(cli, server, sets=("generator.request_timeout=2.5", "generator.max_retries=20")),
                 f"{server.url}/v1/chat/completions", "429")
     assert time.monotonic() - started < 2.5 + 30  # the deadline, plus one Retry-After wait at most
+
+
+def test_the_ollama_shorthand_is_the_chat_backend_at_ollamas_url_and_asks_nothing_when_built():
+    from rigkit.config import GeneratorConfig
+    from rigkit.generation import generator_from_config
+
+    generator = generator_from_config(GeneratorConfig(backend="ollama", model=MODEL))
+    assert isinstance(generator, ChatGenerator)
+    assert generator.base_url == "http://localhost:11434/v1" and generator.spec == MODEL
+    assert generator.source == "chat http://localhost:11434/v1 (not asked yet)"
+
+
+def test_the_chat_backend_needs_a_url_and_a_known_continuation():
+    from rigkit.config import GeneratorConfig
+    from rigkit.errors import InputError
+
+    with pytest.raises(InputError, match="needs generator.base_url"):
+        ChatGenerator.from_config(GeneratorConfig(backend="chat", model=MODEL))
+    with pytest.raises(InputError, match="continuation must be one of"):
+        ChatGenerator("http://127.0.0.1:9/v1", MODEL, continuation="sometimes")
+
+
+def test_token_counts_without_a_tokenize_route_follow_the_servers_usage(server):
+    server.settings = {"stream": _words("It is.")}
+    generator = ChatGenerator(f"{server.url}/v1", MODEL, max_retries=0)
+    before = generator.count_tokens("x" * 400)
+    generator.next_segment([Piece(render_markup([{"role": "user", "content": "Q?"}], True))], StopRule(), 8)
+    # the server counted 50 prompt tokens for a prompt the estimate put at a handful: it scales up
+    assert generator.count_tokens("x" * 400) > before and generator.estimate.calls == 1

@@ -6,8 +6,9 @@ transcript is rendered in a private markup (`chat_messages`) and read back into 
 for every segment; the server applies its own chat template. What the server can do is asked
 once (`chat_probe`) and said in `source`, and so in every result:
 - Continuing a partial answer: where the server continues a final assistant message
-  (`continue_final_message`), the draft goes as that message; elsewhere the draft goes in a new
-  user turn ("continue this answer: ...") after the passages, and the reply is the continuation.
+  (`continue_final_message`), the draft goes as that message; elsewhere the draft goes as a closed
+  assistant turn of its own followed by a user turn asking to go on from where it stops, and
+  the reply is the continuation.
   Each segment records which way it took (`Segment.continuation`: continue | new_turn, or empty
   when the assistant turn had nothing to continue).
 - Stops: the stop rule (`find_stop`) cuts the streamed text and closes the stream. vLLM also gets
@@ -54,8 +55,8 @@ OLLAMA_URL = "http://localhost:11434/v1"
 CONTINUATIONS = ("auto", "continue", "new_turn")
 MAX_STOP_STRINGS = 4
 _CONTINUE_TURN = {
-    "en": "Continue this answer from where it stops, without repeating it:\n\n{draft}",
-    "zh": "从这段回答停下的地方接着写，不要重复已写的内容：\n\n{draft}",
+    "en": "Continue your answer from exactly where it stops, without repeating any of it.",
+    "zh": "从你的回答停下的地方接着写，不要重复已写的内容。",
 }
 
 
@@ -237,9 +238,10 @@ class ChatGenerator:
             return messages[:-1], {}, "", ""
         if self._way(server) == "continue":
             return messages, {"continue_final_message": True, "add_generation_prompt": False}, "continue", draft
-        language = detect_language(draft)
-        turn = {"role": "user", "content": _CONTINUE_TURN[language].format(draft=draft)}
-        return [*messages[:-1], turn], {}, "new_turn", draft
+        # the draft closes as an assistant turn and a user turn asks for the rest: roles keep
+        # alternating, which some templates require
+        turn = {"role": "user", "content": _CONTINUE_TURN[detect_language(draft)]}
+        return [*messages, turn], {}, "new_turn", draft
 
     def _check_continued(self, answer: str, draft: str) -> None:
         """A server asked to continue the assistant message that starts the answer over instead."""
