@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
         ways = {"openai": ["generator.backend=openai", f"generator.base_url={url}", f"generator.model={SERVED_NAME}"],
                 "chat": ["generator.backend=chat", f"generator.base_url={url}", f"generator.model={UNKNOWN}"]}
-        runs = {way: _run_sets(Path(tmp) / way, args.systems, limit, settings) for way, settings in ways.items()}
+        runs = _run_sets(Path(tmp), args.systems, limit, ways)
     rows = _compare(runs)
     for name, row in rows.items():
         o, c = row["openai"], row["chat"]
@@ -74,23 +74,26 @@ def _vllm(url: str | None, tmp: Path) -> Iterator[str]:
         yield f"{base}/v1"
 
 
-def _run_sets(out: Path, systems: str, limit: int | None, settings: list[str]) -> dict:
+def _run_sets(out: Path, systems: str, limit: int | None, ways: dict[str, list[str]]) -> dict:
+    """{way: {set: rows}}; the two ways take turns set by set, so a change in the machine's load
+    weighs on both alike."""
     from rigkit.eval.experiment import evaluate
     from rigkit.eval.runner import read_results
 
-    done = {}
+    done: dict[str, dict] = {way: {} for way in ways}
     for dataset in SETS:
-        folder = out / dataset
-        evaluate(ROOT / "data" / dataset / "qa.jsonl", folder, systems, config=CPU_CONFIG, split="test",
-                 limit=limit, settings=[f"retrieval.corpus={ROOT / 'data' / dataset / 'corpus.jsonl'}",
-                                        "generator.request_timeout=900", *settings],
-                 concurrency=1, progress=False, report=False, faithfulness=False)
-        rows = read_results(folder)
-        errors = [r["error"] for r in rows if r.get("error")]
-        if errors:
-            raise SystemExit(f"{dataset}: {len(errors)} answers failed, e.g. {errors[0]}")
-        done[dataset] = rows
-        print(f"{dataset}: {len(rows)} answers ({out.name})", flush=True)
+        for way, settings in ways.items():
+            folder = out / way / dataset
+            evaluate(ROOT / "data" / dataset / "qa.jsonl", folder, systems, config=CPU_CONFIG, split="test",
+                     limit=limit, settings=[f"retrieval.corpus={ROOT / 'data' / dataset / 'corpus.jsonl'}",
+                                            "generator.request_timeout=900", *settings],
+                     concurrency=1, progress=False, report=False, faithfulness=False)
+            rows = read_results(folder)
+            errors = [r["error"] for r in rows if r.get("error")]
+            if errors:
+                raise SystemExit(f"{dataset} ({way}): {len(errors)} answers failed, e.g. {errors[0]}")
+            done[way][dataset] = rows
+            print(f"{dataset}: {len(rows)} answers ({way})", flush=True)
     return done
 
 
