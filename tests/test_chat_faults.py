@@ -312,3 +312,8 @@ def test_token_counts_without_a_tokenize_route_follow_the_servers_usage(server):
     generator.next_segment([Piece(render_markup([{"role": "user", "content": "Q?"}], True))], StopRule(), 8)
     # the server counted 50 prompt tokens for a prompt the estimate put at a handful: it scales up
     assert generator.count_tokens("x" * 400) > before and generator.estimate.calls == 1
+
+
+def test_an_empty_first_reply_is_one_line(cli, server):
+    server.settings = {"stream": [_chunk(finish="stop"), {"choices": [], "usage": {"prompt_tokens": 9}}]}
+    _error_line(_ask(cli, server), f"{server.url}/v1/chat/completions", "empty completion")

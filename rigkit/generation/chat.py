@@ -42,7 +42,7 @@ from rigkit.generation.chat_messages import (
 )
 from rigkit.generation.chat_probe import ChatServer, probe_server, tokens_in
 from rigkit.generation.chat_stream import ChatReply, stream_events
-from rigkit.generation.server_replies import ServerError, read_json, usage_count
+from rigkit.generation.server_replies import ServerError, check_not_empty, read_json, usage_count
 from rigkit.generation.stops import segment_end
 from rigkit.http import ServerClient
 from rigkit.text import detect_language
@@ -169,7 +169,8 @@ class ChatGenerator:
                     break
         finally:
             events.close()
-        return self._segment(reply, end, way, messages, max_new_tokens)
+        first = not any(piece.role == "draft" for piece in prompt)  # the answer's first segment
+        return self._segment(reply, end, way, messages, max_new_tokens, first)
 
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
         """One greedy helper reply (e.g. a query rewrite); reasoning is not part of it."""
@@ -251,7 +252,8 @@ class ChatGenerator:
                               "asked to continue (its reply starts the answer again); set "
                               "generator.continuation: new_turn")
 
-    def _segment(self, reply: ChatReply, end: int | None, way: str, messages: list, max_new_tokens: int) -> Segment:
+    def _segment(self, reply: ChatReply, end: int | None, way: str, messages: list, max_new_tokens: int,
+                 first: bool) -> Segment:
         texts, logprobs = reply.answer_tokens()
         entropies = reply.answer_entropies()
         keep = len(texts) if end is None else end
@@ -261,11 +263,13 @@ class ChatGenerator:
                 f"the model server at {self.base_url}/chat/completions ({self.spec}) wrote only reasoning "
                 f"({len(reply.reasoning_text())} characters) and no answer in {max_new_tokens} tokens; raise "
                 "generator.max_segment_tokens or turn the model's thinking off")
+        where = f"the model server at {self.base_url}/chat/completions"
+        if first:
+            check_not_empty(text, reply.finish, where)
         finish = "stop" if end is not None else reply.finish
         segment = Segment(text=text, tokens=texts[:keep], token_ids=[-1] * keep, logprobs=logprobs[:keep],
                           entropies=entropies[:keep], finish_reason=finish, reasoning=reply.reasoning_text(),
                           continuation=way)
-        where = f"the model server at {self.base_url}/chat/completions"
         usage = reply.usage or {}
         prompt_len = usage_count(usage, "prompt_tokens", where)
         sent = render_markup(messages, True)

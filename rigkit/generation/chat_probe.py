@@ -24,7 +24,7 @@ from rigkit.http import ServerClient
 
 __all__ = ["ChatServer", "probe_server", "UNSUPPORTED"]
 
-UNSUPPORTED = (" answered 400", " answered 404", " answered 405", " answered 422", " answered 501")
+UNSUPPORTED = (400, 404, 405, 422, 501)  # the server refuses a field or has no such route
 _ASK = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
 _PREFIX = {"role": "assistant", "content": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"}
 
@@ -80,7 +80,7 @@ def _chat(api: ServerClient, model: str, body: dict, allow_refusal: bool = False
         text = api.request("POST", "/chat/completions",
                            {"model": model, "max_tokens": 1, "temperature": 0.0, **body}).text
     except ServerError as err:
-        if allow_refusal and any(s in str(err) for s in UNSUPPORTED):
+        if allow_refusal and err.status in UNSUPPORTED:
             return None
         raise
     reply = read_json(text, where)
