@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rigkit.generation.chat_messages import split_reasoning
-from rigkit.generation.openai import truncated_entropy
-from rigkit.generation.server_replies import ServerError, read_event, read_json, shown
+from rigkit.generation.server_replies import (
+    ServerError,
+    read_event,
+    read_json,
+    shown,
+    truncated_entropy,
+)
 from rigkit.http import ServerClient
 
 __all__ = ["ChatReply", "stream_events"]

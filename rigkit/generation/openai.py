@@ -37,7 +37,6 @@ piece cache and the one-time server probe sit behind a lock.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -55,6 +54,7 @@ from rigkit.generation.server_replies import (
     served_models,
     special_cut,
     token_scores,
+    truncated_entropy,
     usage_count,
 )
 from rigkit.generation.stops import segment_end
@@ -374,20 +374,6 @@ class OpenAIGenerator:
         if not finished:  # neither `[DONE]` nor a finish reason: the answer was cut off
             raise ServerError(f"{where} ended its stream before the answer ended (after {events} events, "
                               "no finish_reason and no [DONE])")
-
-
-def truncated_entropy(top_logprobs: Sequence[float]) -> float:
-    """Entropy (nats) estimated from the top-k log-probabilities of one step.
-
-    `-sum p log p` over the top-k plus `-r log r` for the mass `r` outside them: a lower bound of
-    the true entropy (the tail, spread over many tokens, contributes at least `-r log r`).
-    """
-    probs = [math.exp(v) for v in top_logprobs if v is not None and math.isfinite(v)]
-    entropy = -sum(p * math.log(p) for p in probs if p > 0)
-    rest = 1.0 - sum(probs)
-    if rest > 1e-9:
-        entropy -= rest * math.log(rest)
-    return max(0.0, entropy)
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_remote_code) -> Any:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rigkit.errors import UpstreamError
 
-__all__ = ["ServerError", "TokenScores", "read_json", "read_event", "served_models", "token_scores",
+__all__ = ["ServerError", "TokenScores", "truncated_entropy", "read_json", "read_event", "served_models", "token_scores",
            "usage_count", "shown", "special_cut", "before_special", "check_not_empty"]
 
 
@@ -154,3 +155,17 @@ def check_not_empty(text: str, finish: Any, where: str) -> None:
     if not text.strip():
         raise ServerError(f"{where} sent an empty completion ({shown(text)!r}, finish_reason "
                           f"{shown(finish)!r}) where the answer starts")
+
+
+def truncated_entropy(top_logprobs: Sequence[float]) -> float:
+    """Entropy (nats) estimated from the top-k log-probabilities of one step.
+
+    `-sum p log p` over the top-k plus `-r log r` for the mass `r` outside them: a lower bound of
+    the true entropy (the tail, spread over many tokens, contributes at least `-r log r`).
+    """
+    probs = [math.exp(v) for v in top_logprobs if v is not None and math.isfinite(v)]
+    entropy = -sum(p * math.log(p) for p in probs if p > 0)
+    rest = 1.0 - sum(probs)
+    if rest > 1e-9:
+        entropy -= rest * math.log(rest)
+    return max(0.0, entropy)
