@@ -10,7 +10,9 @@ two indexes that both number their chunks `d1#0` stay apart in the context and i
 
 A source that fails (a server that is down) does not fail a search another source answered: the
 failure goes to the notes `collect_notes()` gathers, which the controller records in the result's
-warnings. When no source answers, the search fails as any retriever's would.
+warnings. A failed source is then left out for `DOWN_SECONDS` (noted too), so a server that is
+down costs one search its retries, not every search. When no source answers, the search fails as
+any retriever's would.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -34,6 +38,7 @@ from rigkit.trace import Hit
 __all__ = ["Source", "SourcesRetriever", "SourcesDownError", "open_sources", "collect_notes",
            "parse_named", "SOURCE_NAME"]
 
+DOWN_SECONDS = 30.0  # how long a source that failed is left out before it is asked again
 SOURCE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _NOTES: ContextVar[list[str] | None] = ContextVar("rigkit_source_notes", default=None)
 
@@ -87,6 +92,8 @@ class SourcesRetriever:
         check_names([s.name for s in sources])
         self.sources = {s.name: s for s in sources}
         self.rrf_k = rrf_k
+        self._down: dict[str, tuple[float, str]] = {}  # name -> (asked again from, why it failed)
+        self._lock = threading.Lock()
 
     def route(self, query: str, source: str | None = None) -> list[str]:
         """The names of the sources `query` goes to."""
@@ -116,12 +123,21 @@ class SourcesRetriever:
         return fuse_hit_lists(answers, top_k, self.rrf_k, label="sources")  # ranks name each source
 
     def _ask_one(self, name: str, query: str, top_k: int, filters) -> tuple[dict[str, list[Hit]], list[str]]:
+        with self._lock:
+            until, why = self._down.get(name, (0.0, ""))
+        if time.monotonic() < until:
+            return {}, [f"{name!r} left out: it did not answer {DOWN_SECONDS:g} s ago or less ({why})"]
         try:
             hits = search_filtered(self.sources[name].retriever, query, top_k, filters)
         except InputError:
             raise  # a bad filter or query is the caller's to fix, not a source that is down
         except Exception as err:  # noqa: BLE001 - one source down must not lose the others' answer
-            return {}, [f"{name!r} did not answer ({type(err).__name__}: {' '.join(str(err).split())[:200]})"]
+            why = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+            with self._lock:
+                self._down[name] = (time.monotonic() + DOWN_SECONDS, why)
+            return {}, [f"{name!r} did not answer ({why})"]
+        with self._lock:
+            self._down.pop(name, None)
         return {name: [_tagged(h, name) for h in hits]}, []
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rigkit.errors import InputError, UpstreamError
 from rigkit.retrieval.remote import search_result
+from rigkit.retrieval.sources import collect_notes
 from rigkit.serve.exposure import Exposure, install_exposure, not_json
 from rigkit.serve.jobs import (
     ClientGone,
@@ -98,9 +99,10 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> dict[str, Any]:
-        hits = await asyncio.to_thread(service.search, body.queries, body.topk, body.filters, body.source)
+        hits, notes = await asyncio.to_thread(_search_noted, service, body)
         note_searches(len(body.queries))
-        return search_result(hits, body.return_scores)  # Search-R1's shape, rigkit's fields beside
+        answer = search_result(hits, body.return_scores)  # Search-R1's shape, rigkit's fields beside
+        return {**answer, "warnings": notes} if notes else answer  # e.g. a knowledge base that is down
 
     @app.post("/chat")
     async def chat(body: ChatRequest, request: Request) -> Any:
@@ -168,6 +170,13 @@ def _with_conversation(result_json: str, conversation: str | None) -> str:
     if conversation is None:
         return result_json
     return json.dumps({**json.loads(result_json), "conversation": conversation}, ensure_ascii=False)
+
+
+def _search_noted(service: RigService, body: RetrieveRequest) -> tuple[list[list[Any]], list[str]]:
+    """The hits of `/retrieve`, and a line for each knowledge base that did not answer."""
+    with collect_notes() as notes:
+        hits = service.search(body.queries, body.topk, body.filters, body.source)
+    return hits, notes
 
 
 def _options(o: Any) -> AskOptions:
