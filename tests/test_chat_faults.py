@@ -317,3 +317,21 @@ def test_token_counts_without_a_tokenize_route_follow_the_servers_usage(server):
 def test_an_empty_first_reply_is_one_line(cli, server):
     server.settings = {"stream": [_chunk(finish="stop"), {"choices": [], "usage": {"prompt_tokens": 9}}]}
     _error_line(_ask(cli, server), f"{server.url}/v1/chat/completions", "empty completion")
+
+
+def test_an_empty_reply_after_passages_is_left_to_the_controller(server):
+    """A segment written again after passages (regenerate) may end at once: the controller then
+    keeps the one it set aside, so it is no fault."""
+    server.settings = {"stream": [_chunk(finish="stop"), {"choices": [], "usage": {"prompt_tokens": 9}}]}
+    generator = ChatGenerator(f"{server.url}/v1", MODEL, max_retries=0)
+    head = render_markup([{"role": "user", "content": "Q?"}], True)
+    block = render_markup([{"role": "user", "content": "Passages."}], True)
+    segment = generator.next_segment([Piece(head), Piece(block, role="passages")], StopRule(), 8)
+    assert segment.text == "" and segment.finish_reason == "end_of_turn"
+
+
+def test_a_segment_set_aside_leaves_no_empty_turn_and_roles_alternate():
+    head = render_markup([{"role": "user", "content": "Q?"}], True)
+    block = "\ue002" + render_markup([{"role": "user", "content": "Passages."}], True)
+    assert messages_of([Piece(head), Piece(block, role="passages")]) == [
+        {"role": "user", "content": "Q?\n\nPassages."}, {"role": "assistant", "content": ""}]

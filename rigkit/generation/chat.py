@@ -169,7 +169,9 @@ class ChatGenerator:
                     break
         finally:
             events.close()
-        first = not any(piece.role == "draft" for piece in prompt)  # the answer's first segment
+        # the answer's first segment; one written again after passages may end at once (the
+        # controller then keeps the segment it set aside)
+        first = not any(piece.role in ("draft", "passages") for piece in prompt)
         return self._segment(reply, end, way, messages, max_new_tokens, first)
 
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:

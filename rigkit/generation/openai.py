@@ -228,7 +228,9 @@ class OpenAIGenerator:
             logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
         )
         where = f"the model server at {self.base_url}/completions"
-        if not any(piece.role == "draft" for piece in prompt):  # the answer's first segment
+        # the answer's first segment; a segment written again after passages (regenerate) may end at
+        # once: the controller keeps the one it set aside
+        if not any(piece.role in ("draft", "passages") for piece in prompt):
             check_not_empty(segment.text, reason, where)
         cached = usage_count((usage or {}).get("prompt_tokens_details") or {}, "cached_tokens", where,
                              "usage.prompt_tokens_details")
