@@ -13,7 +13,7 @@ from rigkit.compression import Compressor, HistorySummarizer, check_context_opti
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, ContextConfig
 from rigkit.context.layout import Layout
 from rigkit.context.render import Asked, Renderer
-from rigkit.context.store import PassageStore, shared_words
+from rigkit.context.store import PassageStore, least_related
 from rigkit.errors import InputError
 from rigkit.grounding import check_grounding_options
 from rigkit.markers import MarkerProtocol, resolve_protocol
@@ -46,7 +46,6 @@ class ContextManager:
         self.count_tokens = count_tokens
         self.render_chat = render_chat
         self.context_limit = context_limit
-        self._overhead: int | None = None  # the template's tokens per earlier turn, measured once
         # the tag vocabulary: passages are neutralised against it always; when the run uses
         # markers it also sets the system prompt, the stop rule and where passages go
         self.protocol = protocol or resolve_protocol(config.marker_protocol, config.marker_tag)
@@ -125,7 +124,7 @@ class ContextManager:
                     f"tokens > the model's {self.context_limit}; lower max_retrieval_tokens, "
                     "max_passage_tokens or the answer length"
                 )
-            victim = self._least_related(pool)
+            victim = least_related(pool, self.question + " " + self.draft)
             self._remove(victim.chunk_id)
             evicted.append(victim.chunk_id)
         return evicted
@@ -198,11 +197,6 @@ class ContextManager:
     def _passage_tokens(self, exclude: set[str] = frozenset()) -> int:
         return self.renderer.passage_tokens(self.layout, exclude)
 
-    def _least_related(self, pool: list[Hit]) -> Hit:
-        """The passage sharing the fewest words with the question and draft (the oldest on ties)."""
-        focus = shared_words(self.question + " " + self.draft)
-        return min(pool, key=lambda h: (len(focus & shared_words(h.text)), -pool.index(h)))
-
     def _evict_over_budget(self, injection: Injection, keep: set[str]) -> None:
         """Evict passages least related to the draft until the passages fit the budget."""
         limit = self.passage_budget
@@ -214,7 +208,7 @@ class ContextManager:
                 victim = min(pool, key=lambda h: (h.score, h.chunk_id not in keep), default=None)
             else:
                 pool = old or new
-                victim = self._least_related(pool) if pool else None
+                victim = least_related(pool, self.question + " " + self.draft) if pool else None
             if victim is None:
                 break  # only up-front passages are left: they were fitted to the budget at `start`
             if victim.chunk_id not in keep:
@@ -238,14 +232,4 @@ class ContextManager:
         if not history:
             return [], None
         return fit_history(list(history), self.config.max_history_tokens, self.count_tokens,
-                           self.summarizer, self.language, self._turn_overhead())
-
-    def _turn_overhead(self) -> int:
-        """The chat template's tokens around one earlier user / assistant pair."""
-        if self._overhead is None:
-            system = [{"role": "system", "content": self.system}]
-            pair = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-            both = self.count_tokens(self.render_chat(system + pair, False))
-            alone = self.count_tokens(self.render_chat(system, False))
-            self._overhead = max(0, both - alone - self.count_tokens("a") - self.count_tokens("b"))
-        return self._overhead
+                           self.summarizer, self.language, self.renderer.turn_overhead(self.system))

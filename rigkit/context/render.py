@@ -54,6 +54,7 @@ class Renderer:
         self.protocol = protocol  # passages are defused against its tags
         self.marker_protocol = marker_protocol  # set when the run uses markers: where passages go
         self.numbers = numbers  # chunk id -> citation number, as passages entered the context
+        self._overhead: int | None = None  # the template's tokens per earlier turn, measured once
         self.start(Asked())
 
     def start(self, asked: Asked) -> None:
@@ -61,6 +62,16 @@ class Renderer:
         self.asked = asked
         self._blocks: dict[tuple[tuple[str, ...], str], Piece] = {}
         self._token_counts: dict[tuple[tuple[str, ...], str], int] = {}
+
+    def turn_overhead(self, system: str) -> int:
+        """The chat template's tokens around one earlier user / assistant pair (measured once)."""
+        if self._overhead is None:
+            head = [{"role": "system", "content": system}]
+            pair = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+            both = self.count_tokens(self.render_chat(head + pair, False))
+            alone = self.count_tokens(self.render_chat(head, False))
+            self._overhead = max(0, both - alone - self.count_tokens("a") - self.count_tokens("b"))
+        return self._overhead
 
     def pieces(self, layout: Layout) -> list[Piece]:
         """The prompt for the next segment."""

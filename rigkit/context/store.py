@@ -21,7 +21,8 @@ from rigkit.config import ContextConfig
 from rigkit.corpus import check_doc_id
 from rigkit.trace import Hit, Injection
 
-__all__ = ["PassageStore", "fingerprint", "near_duplicate", "held_to_corpus_rules", "shared_words"]
+__all__ = ["PassageStore", "fingerprint", "near_duplicate", "held_to_corpus_rules", "shared_words",
+           "least_related"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ def fingerprint(text: str) -> frozenset[str]:
 def shared_words(text: str) -> set[str]:
     """The lowercased words of `text`, for relatedness by shared words."""
     return set(_WORD.findall(text.lower()))
+
+
+def least_related(pool: list[Hit], focus: str) -> Hit:
+    """The passage sharing the fewest words with `focus` (question and draft), the oldest on ties."""
+    words = shared_words(focus)
+    return min(pool, key=lambda h: (len(words & shared_words(h.text)), -pool.index(h)))
 
 
 def held_to_corpus_rules(hit: Hit) -> Hit:
