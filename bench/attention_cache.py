@@ -39,7 +39,8 @@ def _before(generator, prefix, segment):
 
 
 def main() -> None:
-    from rigkit.generation import load_generator
+    from rigkit.build import build_generator
+    from rigkit.config import GeneratorConfig
     from rigkit.transcript import Piece, StopRule
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,7 +52,7 @@ def main() -> None:
     if args.quick:
         args.context, args.trials = 300, 1
 
-    generator = load_generator(args.model)
+    generator = build_generator(GeneratorConfig(model=args.model))
     filler = "The Apache License 2.0 lets you use, modify and ship the code, also commercially. " * 400
     ids = generator.tokenizer(filler, add_special_tokens=False).input_ids[: args.context]
     text = generator.tokenizer.decode(ids)

@@ -45,10 +45,8 @@ from common import (
 )
 from replay import same_run, scripted_generator
 
-from rigkit.build import build_controller
+from rigkit.build import build_controller, build_generator, build_retriever
 from rigkit.config import load_config
-from rigkit.generation import load_generator
-from rigkit.retrieval import open_retriever
 
 WAYS = {  # name -> (layout, use_cache)
     "append + cache": ("append", True),
@@ -193,13 +191,13 @@ def main(argv=None) -> int:
     # 256-token answers over thousands of passage tokens cost minutes per cache-off run on two
     # cores: the default profile is measured where the strictest goal is set, at 5 rounds
     default_rounds = [max(rounds_list)]
-    base = load_generator()
+    base = build_generator()
     results: dict[str, Any] = {"profiles": {}}
     for profile in profiles:
         if profile == "cpu":
             n = args.questions or (1 if args.quick else 2)
             questions = demo_questions(n)
-            retriever = open_retriever(load_config(CPU_CONFIG).retrieval)
+            retriever = build_retriever(load_config(CPU_CONFIG).retrieval)
             # The cache-off append run reads the same prompts as the reference: its free run is
             # its replay (and must write the same tokens), so only the prefix ways are replayed.
             # Re-encoding is replayed only: its free run would add a second divergent answer and

@@ -263,11 +263,11 @@ def test_questions(dataset: str, limit: int | None = None) -> list[Any]:
 
 def set_retriever(dataset: str, config: Any = None) -> Any:
     """The hybrid retriever over a shipped set's paragraphs (indexed once, then cached)."""
+    from rigkit.build import build_retriever
     from rigkit.config import RetrievalConfig
-    from rigkit.retrieval import open_retriever
 
     retrieval = config.retrieval if config is not None else RetrievalConfig()
-    return open_retriever(_replace(retrieval, corpus=str(ROOT / "data" / dataset / "corpus.jsonl")))
+    return build_retriever(_replace(retrieval, corpus=str(ROOT / "data" / dataset / "corpus.jsonl")))
 
 
 def _replace(dc: Any, **changes: Any) -> Any:

@@ -16,7 +16,6 @@ seconds spent compressing, seconds per answer; ratios against `none` in the same
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -32,9 +31,8 @@ from common import (
     test_questions,
 )
 
-from rigkit.build import build_run
-from rigkit.config import DeciderConfig, load_config
-from rigkit.generation import load_generator
+from rigkit.build import build_generator, build_run
+from rigkit.config import load_config
 
 MODES = ("none", "extractive", "abstractive")
 
@@ -83,9 +81,9 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     limit = args.limit or (1 if args.quick else 10)
     sets = args.sets.split(",")[:1] if args.quick else args.sets.split(",")
-    generator = load_generator()
+    generator = build_generator()
     base = load_config(CPU_CONFIG, generator={"max_answer_tokens": 24 if args.quick else None})
-    base = dataclasses.replace(base, decider=DeciderConfig(name="never"))
+    base = base.with_decider("never")
     top_k = 1 if args.quick else 3
     report: dict[str, Any] = {}
     for name in sets:

@@ -13,6 +13,7 @@ allocator peak on a GPU, peak RSS on CPU).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import sys
 import time
@@ -54,7 +55,8 @@ def _peak_memory(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rigkit.generation import load_generator
+    from rigkit.build import build_generator
+    from rigkit.config import GeneratorConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a hub id, a local path, or smollm2-135m-instruct (offline)")
@@ -69,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.segment_tokens = 2, 16
 
     t = time.perf_counter()
-    cached = load_generator(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map)
+    config = GeneratorConfig(model=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map)
+    cached = build_generator(config)
     load_s = time.perf_counter() - t
-    fresh = load_generator(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                           use_cache=False)
+    fresh = build_generator(dataclasses.replace(config, use_cache=False))
     device = str(cached.device)
     print(f"model {args.model} ({cached.source}) on {device}, {cached.dtype}, loaded in {load_s:.1f} s")
     on, on_s = _rounds(cached, args.rounds, args.segment_tokens)

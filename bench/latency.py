@@ -47,11 +47,11 @@ from common import (
     test_questions,
 )
 
+from rigkit.build import build_generator
 from rigkit.config import load_config
 from rigkit.controller import STAGES
 from rigkit.eval.runner import TRACES_FILE, ResultsFile, read_results, result_key
 from rigkit.eval.systems import build_system, parse_system
-from rigkit.generation import load_generator
 
 SYSTEMS = ("closed_book", "rag", "rig:prob", "rig:always", "rig:entropy")
 OPENRIG = {"multi-hop": (5.1, 3.2), "single-hop": (2.9, 1.8)}  # RIG s, RAG s (published)
@@ -148,7 +148,7 @@ def measure(args, names) -> tuple[list[dict], dict[str, int], bool, float, int, 
     budget = args.budget_s if args.budget_s is not None else (0 if args.quick else 600)
     answer_tokens = args.answer_tokens or (32 if args.quick else None)
     config = load_config(CPU_CONFIG, generator={"max_answer_tokens": answer_tokens})
-    generator = load_generator()
+    generator = build_generator(config.generator)
     per_set, asked = {}, {}
     for dataset in SETS:
         items = test_questions(dataset, limit)

@@ -38,11 +38,9 @@ from common import (
     setup,
 )
 
-from rigkit.build import build_controller
+from rigkit.build import build_controller, build_generator, build_retriever
 from rigkit.config import DeciderConfig, load_config
 from rigkit.controller import STAGES
-from rigkit.generation import load_generator
-from rigkit.retrieval import open_retriever
 
 
 def rig_vs_bare(generator, retriever, question: str, answer_tokens: int, bare_first: bool = False) -> dict[str, Any]:
@@ -155,8 +153,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     setup(args)
     started = time.perf_counter()
-    generator = load_generator()
-    retriever = open_retriever(load_config(CPU_CONFIG).retrieval)
+    generator = build_generator()
+    retriever = build_retriever(load_config(CPU_CONFIG).retrieval)
     questions = demo_questions(args.questions or (1 if args.quick else 4))
     lengths = [48] if args.quick else [96, 256]
     # warm-up: the model, the embedder and the index load before anything is timed

@@ -92,10 +92,11 @@ def main() -> int:
 
 def _vllm():
     """vLLM on a free port with the tests' flags and its dev routes (the prefix-cache reset)."""
-    from rigkit.generation import converted_model_dir, load_generator
+    from rigkit.build import build_generator
+    from rigkit.generation import converted_model_dir
     from tests import vllm_setup  # the vLLM venv and flags the tests use
 
-    load_generator()  # the converted folder vLLM reads
+    build_generator()  # the converted folder vLLM reads
     log = Path(tempfile.mkdtemp(prefix="rigkit-bench-vllm-")) / "vllm.log"
     print(f"starting vLLM (log: {log})", flush=True)
     return vllm_setup.running(converted_model_dir(), log, extra_env={"VLLM_SERVER_DEV_MODE": "1"})

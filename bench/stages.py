@@ -22,10 +22,8 @@ from typing import Any
 
 from common import CPU_CONFIG, ForwardMeter, demo_questions, parser, save, setup
 
-from rigkit.build import build_controller
+from rigkit.build import build_controller, build_generator, build_retriever
 from rigkit.config import DeciderConfig, load_config
-from rigkit.generation import load_generator
-from rigkit.retrieval import open_retriever
 
 DECIDERS = ("prob", "entropy", "keyword", "every_n", "always")
 COLUMNS = ("generation", "decision", "query", "retrieval", "injection", "continuation", "other")
@@ -54,8 +52,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     question = args.question or demo_questions(1)[0]
     deciders = (args.deciders or ("prob,always" if args.quick else ",".join(DECIDERS))).split(",")
-    generator = load_generator()
-    retriever = open_retriever(load_config(CPU_CONFIG).retrieval)
+    generator = build_generator()
+    retriever = build_retriever(load_config(CPU_CONFIG).retrieval)
     answer_tokens = 32 if args.quick else None
     rows: dict[str, Any] = {}
     for n, name in enumerate(["prob", *deciders]):  # the first run is the warm-up

@@ -36,11 +36,10 @@ import json, sys, time
 t0 = float(sys.argv[1]); marks = {"process_start": time.time() - t0}
 import torch, transformers
 import rigkit
-from rigkit.build import build_controller
+from rigkit.build import build_controller, build_generator
 from rigkit.config import load_config
 marks["imports"] = time.time() - t0
-from rigkit.generation import load_generator
-generator = load_generator()
+generator = build_generator()
 marks["model_loaded"] = time.time() - t0
 config = load_config(sys.argv[2])
 controller = build_controller(config, generator)

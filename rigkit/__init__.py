@@ -20,7 +20,6 @@ _EXPORTS = {
     "build_retriever": "rigkit.build",
     "answer_closed_book": "rigkit.eval.systems",
     "answer_with_passages": "rigkit.eval.systems",
-    "load_generator": "rigkit.generation",
     "HFGenerator": "rigkit.generation",
     "Generator": "rigkit.generation",
     "RunConfig": "rigkit.config",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rigkit.config import DeciderConfig, GeneratorConfig, RetrievalConfig, RunConfig
+from rigkit.config import DeciderConfig, GeneratorConfig, QueryConfig, RetrievalConfig, RunConfig
 from rigkit.context import ContextManager
 from rigkit.controller import RIGController
 from rigkit.deciders import Decider
@@ -35,6 +35,8 @@ __all__ = [
     "build_generator",
     "build_retriever",
     "build_decider",
+    "build_index",
+    "build_queries",
     "with_reranker",
     "with_filters",
     "assemble",
@@ -116,6 +118,21 @@ def build_retriever(config: RetrievalConfig | None = None, generator: Generator 
     return with_reranker(with_filters(retrieval.open_retriever(config), config), config, generator)
 
 
+def build_index(config: RetrievalConfig | None = None):
+    """The saved or cached `Index` `config` describes (`retrieval.index`, else `corpus`), checked
+    against the config's settings: for commands that measure an index's own retrievers."""
+    from rigkit import retrieval
+
+    return retrieval.open_index(config or RetrievalConfig())
+
+
+def build_queries(config: QueryConfig | None = None, generator: Generator | None = None) -> QueryBuilder:
+    """The query builder `config.mode` names (`rigkit.queries.QUERY_BUILDERS`)."""
+    from rigkit.queries import build_query_builder
+
+    return build_query_builder(config or QueryConfig(), generator)
+
+
 def with_filters(retriever: Retriever, config: RetrievalConfig) -> Retriever:
     """`retriever` with `retrieval.filters` bound to every search, checked against its chunks
     now (an unknown key or a filter nothing passes fails before the run starts)."""
@@ -178,9 +195,7 @@ def _run(
     markers: bool,
     query_builder: QueryBuilder | None = None,
 ) -> Run:
-    from rigkit.queries import build_query_builder
-
-    query_builder = query_builder or build_query_builder(config.query, generator)
+    query_builder = query_builder or build_queries(config.query, generator)
     context = ContextManager(
         config.context, generator.count_tokens, generator.render_chat,
         context_limit=generator.context_limit, use_markers=markers,

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def default_generator():
     """The real default model (SmolLM2-135M-Instruct), loaded once per test session."""
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
 
     return load_generator()
 

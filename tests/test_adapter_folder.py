@@ -58,7 +58,7 @@ def test_one_model_spelled_two_ways_is_the_same_base(tmp_path):
 
 @pytest.mark.slow
 def test_the_adapter_folder_loads_as_the_base_plus_the_adapter():
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
 
     generator = load_generator(str(SHIPPED))
     assert generator.source.endswith("+ LoRA smollm2-135m-instruct-markers")

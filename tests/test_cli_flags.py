@@ -182,3 +182,18 @@ def test_config_refuses_a_decider_param_as_ask_does(capsys):
 
 def test_help_text_reads_the_default_from_the_config():
     assert help_text(FLAGS["--top-k"]).endswith(f"(retrieval.top_k, default: {RunConfig().retrieval.top_k})")
+
+
+def test_only_build_assembles_in_bench_notebooks_and_the_commands():
+    """bench/, the notebooks and rigkit/cli build generators, retrievers and query builders through
+    rigkit.build (which keeps the config's backend, device and dtype), never by hand."""
+    by_hand = ("load_generator(", "open_retriever(", "open_index(", "MultiQuery(")
+    files = [*sorted((ROOT / "bench").glob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
+             *sorted((ROOT / "rigkit" / "cli").glob("*.py"))]
+    found = [f"{p.relative_to(ROOT)}: {call}" for p in files for call in by_hand
+             if call in p.read_text(encoding="utf-8")]
+    assert not found, found
+    import rigkit
+    import rigkit.generation
+
+    assert "load_generator" not in rigkit.__all__ and "load_generator" not in rigkit.generation.__all__

@@ -17,7 +17,7 @@ QUESTION = "Who directed the 1931 Hungarian film Nightfall over Budapest?"
 
 @pytest.fixture(scope="module")
 def generated():
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
     from rigkit.transcript import Piece, StopRule
 
     gen = load_generator()

@@ -304,7 +304,7 @@ def test_adapter_specs():
 def test_cli_builds_data(tmp_path, monkeypatch):
     from rigkit.cli import main
 
-    monkeypatch.setattr("rigkit.generation.load_generator", lambda *a, **k: tiny_generator())
+    monkeypatch.setattr("rigkit.generation.generator_from_config", lambda *a, **k: tiny_generator())
     out = tmp_path / "d.jsonl"
     assert main(["markers", "build-data", "--qa", str(DATA / "2wikimultihopqa" / "qa.jsonl"),
                  "--split", "dev", "--out", str(out), "--max-tokens", "4096"]) == 0
@@ -318,7 +318,7 @@ def test_cli_builds_data(tmp_path, monkeypatch):
 def _run_shipped(question: str, retriever=None):
     from rigkit.build import build_controller
     from rigkit.config import load_config
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
 
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "cpu.yaml").override(
         decider={"name": "marker"}, query={"mode": "marker"},

@@ -231,7 +231,7 @@ def test_a_stopped_segment_carries_its_extra_token_into_the_next_call():
     instead of computing it again: one forward pass per generated token, as in one `generate`."""
     import torch
 
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
 
     question = "Describe the MIT licence and the Apache-2.0 licence in four sentences."
     runs = {}

@@ -122,7 +122,7 @@ def test_a_missing_pymilvus_names_the_pip_command(monkeypatch):
 def test_milvus_indexes_are_built_on_purpose(tmp_path):
     from rigkit.retrieval import open_retriever
 
-    with pytest.raises(InputError, match="--backend milvus"):
+    with pytest.raises(InputError, match="--dense-backend milvus"):
         open_retriever(RetrievalConfig(corpus=str(tmp_path / "c.jsonl"), dense_backend="milvus"))
 
 

@@ -227,7 +227,7 @@ def test_a_collection_built_with_another_model_is_refused(demo, milvus, tmp_path
         Index.load(copy).retriever("hybrid")
     manifest["dense"]["milvus"]["collection"] = "gone__000000000000"
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(IndexCorruptError, match="gone__000000000000 is not at .*--backend milvus"):
+    with pytest.raises(IndexCorruptError, match="gone__000000000000 is not at .*--dense-backend milvus"):
         Index.load(copy).retriever("dense")
     Index.load(copy).retriever("bm25").search("patent", 2)  # BM25 alone needs no server
 
@@ -241,7 +241,7 @@ def test_an_unreachable_server_is_one_line_naming_it(demo, cli):
     assert run.returncode == 2
     assert run.stderr.startswith(f"rigkit: error: cannot reach Milvus at {closed}") and run.stderr.count("\n") == 1
     run = cli("index", "build", "--corpus", str(DEMO), "--out", str(index.path.parent / "never"),
-              "--backend", "milvus", "--milvus-uri", closed)
+              "--dense-backend", "milvus", "--milvus-uri", closed)
     assert run.returncode == 2 and f"cannot reach Milvus at {closed}" in run.stderr
     assert not (index.path.parent / "never").exists()
     assert cli("search", str(index.path), "patent", "--mode", "bm25", "--set",
@@ -249,8 +249,8 @@ def test_an_unreachable_server_is_one_line_naming_it(demo, cli):
 
 
 def test_the_command_line_builds_and_evaluates_it_like_faiss(milvus, tmp_path, cli):
-    """The real MiniLM: `rigkit index build --backend milvus`, verify, eval-retrieval."""
-    built = cli("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "m"), "--backend", "milvus",
+    """The real MiniLM: `rigkit index build --dense-backend milvus`, verify, eval-retrieval."""
+    built = cli("index", "build", "--corpus", str(DEMO), "--out", str(tmp_path / "m"), "--dense-backend", "milvus",
                 "--milvus-uri", milvus, "--milvus-collection", "cli_demo", "--no-progress")
     assert built.returncode == 0, built.stderr
     assert "vectors in Milvus at " + milvus in built.stdout

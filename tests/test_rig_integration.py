@@ -35,7 +35,7 @@ def test_probability_decider_retrieves_on_the_demo_corpus(default_generator, dem
 
 
 def test_cache_on_and_off_give_the_same_answer_and_rounds(default_generator, demo_retriever):
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
 
     config = load_config(CPU, decider={"name": "always"}, controller={"max_rounds": 2},
                          generator={"max_answer_tokens": 48})

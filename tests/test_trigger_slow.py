@@ -14,7 +14,7 @@ QA = Path(__file__).resolve().parents[1] / "data" / "2wikimultihopqa" / "qa.json
 
 @pytest.fixture(scope="module")
 def generator():
-    from rigkit.generation import load_generator
+    from rigkit.generation.loading import load_generator
 
     return load_generator("smollm2-135m-instruct")
 

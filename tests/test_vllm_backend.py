@@ -29,7 +29,7 @@ def vllm_url(tmp_path_factory):
     """vLLM serving the default model as `smollm2-135m-instruct`, warmed up; stopped after the module."""
     if vllm_python() is None:
         pytest.skip(f"the vLLM test venv is not installed; run: {INSTALL_COMMAND}")
-    from rigkit.generation import converted_model_dir, load_generator
+    from rigkit.generation.loading import converted_model_dir, load_generator
 
     load_generator()  # converts the GGUF once (and cleans an older copy's config) before vLLM reads it
     with vllm_setup.running(converted_model_dir(), tmp_path_factory.mktemp("vllm") / "server.log") as base:

@@ -84,6 +84,8 @@ _FLAGS = [
     Flag("--filter", "retrieval.filters", "search only chunks whose metadata passes, repeatable: lang=en, "
          "year>=1990, modified<2024-01-01, source=a.pdf,b.pdf (docs/retrieval.md)", metavar="KEY=VALUE",
          repeat=True),
+    Flag("--embedding-model", "retrieval.embedding_model", "the dense model (an index built with another is "
+         "refused)"),
     Flag("--chunk-size", "retrieval.chunk_size", "tokens per chunk (null and maximum: the embedding "
          "model's input limit, 256 for MiniLM)", type=int),
     Flag("--dense-backend", "retrieval.dense_backend", "where the vectors live: faiss (a file in the "

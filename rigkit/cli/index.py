@@ -45,7 +45,7 @@ def _add_build(actions) -> None:
     add_flags(build, "--corpus")
     build.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
     add_config_options(build)
-    add_flags(build, "--chunk-size")
+    add_flags(build, "--embedding-model", "--chunk-size")
     build.add_argument(
         "--no-split",
         action="store_true",
@@ -95,10 +95,7 @@ def _add_search(subparsers) -> None:
     search.add_argument("dir", help="index folder")
     search.add_argument("query")
     add_flags(search, "--mode", "--top-k", "--bm25-backend")
-    search.add_argument(
-        "--embedding-model", default=None, help="refuse the index unless built with it"
-    )
-    add_flags(search, "--rerank", "--filter")
+    add_flags(search, "--embedding-model", "--rerank", "--filter")
     add_config_options(search)
     add_generator_flags(search)  # the upr reranker scores with the generator
     search.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
@@ -236,19 +233,15 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from rigkit import build
     from rigkit.citations import source_label
     from rigkit.cli import check_text, run_config, safe_terminal
-    from rigkit.retrieval import Index
 
     check_text(args.query, "the query")
-    from rigkit.build import with_filters
-
-    config = run_config(args)
+    config = run_config(args).override(retrieval={"index": args.dir})
     r = config.retrieval
-    use_user_dict(r.user_dict)
-    index = Index.load(args.dir, embedding_model=args.embedding_model, milvus_uri=r.milvus_uri,
-                       milvus_token_env=r.milvus_token_env)
-    hits = _reranked(with_filters(_retriever(index, r), r), config).search(args.query, r.top_k)
+    generator = build.build_generator(config.generator) if r.rerank == "upr" else None  # upr scores with it
+    hits = build.build_retriever(r, generator).search(args.query, r.top_k)
     if args.json:
         print(json.dumps([h.__dict__ for h in hits], ensure_ascii=False, indent=1))
         return 0
@@ -264,13 +257,6 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _retriever(index, r):
-    """The index's retriever as the run config's retrieval section sets it (mode, fusion)."""
-    return index.retriever(r.mode, bm25_backend=r.bm25_backend, rrf_k=r.rrf_k,
-                           bm25_top_k=r.bm25_top_k, dense_top_k=r.dense_top_k,
-                           bm25_weight=r.bm25_weight, dense_weight=r.dense_weight)
-
-
 def _reranked(retriever, config):
     """`retriever` behind `retrieval.rerank`; the generator is loaded only for upr."""
     from rigkit import build
@@ -284,19 +270,19 @@ def _reranked(retriever, config):
 def _subqueries(config, n: int):
     """question -> the searches the multi-query builder writes for it (the question as the need)."""
     from rigkit import build
-    from rigkit.queries import MultiQuery
     from rigkit.trace import Decision
 
     if n < 1:
         raise InputError(f"--multi-query must be at least 1, got {n}")
-    builder = MultiQuery(build.build_generator(config.generator), n, config.query.max_words)
+    multi = config.override(query={"mode": "multi", "max_subqueries": n}).query
+    builder = build.build_queries(multi, build.build_generator(config.generator))
     return lambda question: builder.build(question, "", Decision(True, 1.0, "the question")).searches
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from rigkit.build import build_index
     from rigkit.cli import run_config
     from rigkit.datasets import load_qa, split_questions
-    from rigkit.retrieval import Index
     from rigkit.retrieval.evaluation import (
         MULTI_MODES,
         MULTI_RERANKED_MODES,
@@ -314,7 +300,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.split:
         rows = split_questions(rows, Path(args.qa).parent, args.split)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    index = Index.load(r.index, milvus_uri=r.milvus_uri, milvus_token_env=r.milvus_token_env)
+    index = build_index(r)
     rerank = None
     if r.rerank != "none":  # the hybrid's candidates reranked: one more mode, beside the others
         rerank = _reranked(index.retriever("hybrid", bm25_backend=r.bm25_backend), config)

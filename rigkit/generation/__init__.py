@@ -2,8 +2,9 @@
 
 `protocol` holds the `Generator` protocol and the optional capabilities, `hf` the in-process
 transformers backend, `openai` the OpenAI-compatible server backend (imported on first use: it
-needs `httpx`), `stops` the stop rule every backend shares, `loading` model loading, `adapters` LoRA
-adapters named in a model spec.
+needs `httpx`), `stops` the stop rule every backend shares, `loading` model loading (internal: a run builds its
+generator with `rigkit.build.build_generator(config.generator)`), `adapters` LoRA adapters named
+in a model spec.
 """
 
 from rigkit.generation.hf import HFGenerator
@@ -13,7 +14,6 @@ from rigkit.generation.loading import (
     Placement,
     converted_model_dir,
     generator_from_config,
-    load_generator,
 )
 from rigkit.generation.protocol import (
     Generator,
@@ -30,7 +30,6 @@ __all__ = [
     "SupportsHiddenStates",
     "SupportsReset",
     "HFGenerator",
-    "load_generator",
     "generator_from_config",
     "Placement",
     "check_decider_support",

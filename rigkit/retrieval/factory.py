@@ -5,7 +5,7 @@
   corpus bytes and every build parameter, so an edited corpus or a new chunk size rebuilds it.
 - neither: the same, for the demo corpus shipped in the source tree (`data/demo/corpus.jsonl`).
 An index whose vectors live in Milvus (`retrieval.dense_backend: milvus`) is always an explicit
-one, built by `rigkit index build --backend milvus`.
+one, built by `rigkit index build --dense-backend milvus`.
 The cache folder is `platformdirs.user_cache_dir("rigkit")/indexes` (or `$RIGKIT_CACHE_DIR`).
 """
 
@@ -84,7 +84,7 @@ def open_index(config: RetrievalConfig) -> Index:
         return index
     if config.dense_backend != "faiss":  # a collection on a server is made on purpose, not cached
         raise InputError(f"retrieval.dense_backend {config.dense_backend!r} needs a built index: "
-                         f"`rigkit index build --corpus CORPUS --out DIR --backend {config.dense_backend}`, "
+                         f"`rigkit index build --corpus CORPUS --out DIR --dense-backend {config.dense_backend}`, "
                          "then --index DIR (retrieval.index)")
     corpus = Path(config.corpus) if config.corpus is not None else demo_corpus_path()
     if not corpus.exists():

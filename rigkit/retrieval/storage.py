@@ -89,7 +89,7 @@ def rebuild_hint(folder: Path, manifest: dict[str, Any]) -> str:
         return reattach_hint(folder, manifest)
     corpus = (manifest.get("corpus") or {}).get("name", "CORPUS")
     milvus = (manifest.get("dense") or {}).get("milvus")
-    backend = f" --backend milvus --milvus-uri {milvus.get('uri')}" if isinstance(milvus, dict) else ""
+    backend = f" --dense-backend milvus --milvus-uri {milvus.get('uri')}" if isinstance(milvus, dict) else ""
     return f"rebuild with `rigkit index build --corpus {corpus} --out {folder}{backend}`"
 
 
