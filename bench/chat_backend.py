@@ -64,10 +64,11 @@ def _vllm(url: str | None, tmp: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from rigkit.generation import converted_model_dir, load_generator
+    from rigkit.build import build_generator
+    from rigkit.generation import converted_model_dir
     from tests import vllm_setup
 
-    load_generator()  # the converted folder vLLM reads
+    build_generator()  # the converted folder vLLM reads
     print("starting vLLM", flush=True)
     names = ("--served-model-name", vllm_setup.SERVED_NAME, UNKNOWN)
     with vllm_setup.running(converted_model_dir(), tmp / "vllm.log", extra_args=names) as base:

@@ -44,7 +44,7 @@ def llama_url(tmp_path_factory):
 def vllm_url(tmp_path_factory):
     if vllm_python() is None:
         pytest.skip(f"the vLLM test venv is not installed; run: {INSTALL_COMMAND}")
-    from rigkit.generation import converted_model_dir, load_generator
+    from rigkit.generation.loading import converted_model_dir, load_generator
 
     load_generator()  # converts the GGUF once before vLLM reads it
     log = tmp_path_factory.mktemp("vllm") / "server.log"
