@@ -393,8 +393,10 @@ class Run:
             raise InputError("this run is not waiting for a search: call step() until it returns a SearchRequest")
         request, trace = self.paused
         if request_id is not None and request_id != request.id:
-            raise InputError(f"these hits answer search {request_id!r}, but the run waits on search "
-                             f"{request.id!r} (round {request.round}: {'; '.join(request.queries)!r})")
+            asked = "; ".join(request.queries)
+            asked = asked if len(asked) <= 80 else asked[:79] + "…"
+            raise InputError(f"these hits answer search {str(request_id)[:40]!r}, but the run waits on search "
+                             f"{request.id!r} (round {request.round}: {asked!r})")
         self.paused = None
         return request, trace
 

@@ -161,3 +161,40 @@ def test_tool_declarations_are_checked():
             r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": QUESTION}],
                                                           "tools": tools})
             assert r.status_code == 422 and r.json()["error"]["param"] == param
+
+
+# -- conversations kept on the server ---------------------------------------------------------------
+def test_a_kept_conversation_is_bounded_in_number_size_and_age(monkeypatch):
+    from rigkit.serve import conversations as module
+    from rigkit.serve.conversations import Conversations
+    from rigkit.serve.jobs import RequestError
+
+    store = Conversations(max_conversations=2, max_age_s=3600)
+    first, kept = store.open("new")
+    assert kept == [] and first.startswith("conv_")
+    monkeypatch.setattr(module, "MAX_HISTORY_TURNS", 3)
+    for i in range(5):
+        store.add(first, f"Q{i}?", f"A{i}.")
+    assert store.open(first)[1] == [("Q2?", "A2."), ("Q3?", "A3."), ("Q4?", "A4.")]  # the newest 3
+    monkeypatch.setattr(module, "MAX_HISTORY_BYTES", 10)
+    store.add(first, "Q5?", "A much longer answer.")
+    assert store.open(first)[1] == [("Q5?", "A much longer answer.")]  # the newest turn always stays
+    second, third = store.open("new")[0], store.open("new")[0]
+    store.add(second, "Q?", "A.")
+    store.add(third, "Q?", "A.")  # a third conversation: the least recently used goes
+    with pytest.raises(RequestError, match=f"conversation '{first}' is unknown or expired") as err:
+        store.open(first)
+    assert err.value.status == 404 and err.value.code == "conversation_not_found"
+    store.max_age_s = 0.0
+    with pytest.raises(RequestError, match="kept 0 minutes after its last turn"):
+        store.open(second)
+
+
+def test_an_expired_conversation_on_chat_is_a_404_and_new_starts_one():
+    with local_client(create_app(make_service(), mcp=False)) as client:
+        r = client.post("/chat", json={"question": QUESTION, "conversation": "conv_unknown"})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "conversation"
+        started = client.post("/chat", json={"question": QUESTION, "conversation": "new"}).json()
+        follow = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Who designed it?"}], "conversation": started["conversation"]})
+    assert follow.status_code == 200 and follow.json()["rig"]["conversation"] == started["conversation"]
