@@ -95,7 +95,7 @@ class SourceConfig:
 class RetrievalConfig:
     corpus: str | None = None  # JSONL or folder; null with no index = the demo corpus
     index: str | None = None  # a saved index folder, or a retrieval server's /retrieve URL
-    sources: tuple[SourceConfig, ...] = ()  # several knowledge bases (then corpus and index stay null), each a retrieval.sources entry (below): a search names its source, or a source's route matches the query, else all are searched and merged by RRF
+    sources: tuple[SourceConfig, ...] = ()  # several knowledge bases (then corpus and index stay null), each as retrieval.sources[] below: a search names its source, or a source's route matches the query, else all are searched and merged by RRF (docs/serving.md#several-knowledge-bases)
     mode: str = "hybrid"  # bm25 | dense | hybrid
     top_k: int = 3  # hits handed to the context manager per retrieval
     filters: dict[str, Any] | tuple[str, ...] = field(default_factory=dict)  # metadata filters every search applies: {lang: en, year: {gte: 1990}} or [lang=en, "year>=1990"] (docs/retrieval.md)
@@ -455,7 +455,7 @@ def _type_text(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         return f"list of {_type_text(args[0])}s"
     if dataclasses.is_dataclass(hint):
-        return "source entry" if hint is SourceConfig else "decider section"
+        return "source" if hint is SourceConfig else "decider section"
     return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(
         hint, "mapping" if typing.get_origin(hint) is dict else str(hint))
 
