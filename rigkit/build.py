@@ -205,6 +205,7 @@ def _run(
         generator, retriever, decider, query_builder, context,
         config=config.controller, generation=config.generator, top_k=config.retrieval.top_k,
         callbacks=callbacks, citations=config.context.citations, run_config=config.to_dict(),
+        embed=_support_embed(config, retriever), query_config=config.query,
     )
     return Run(config, generator, retriever, decider, query_builder, context, controller)
 
@@ -220,6 +221,15 @@ def _compressor(config: RunConfig, generator: Generator, retriever: Retriever):
 
         return ExtractiveCompressor(embedder_of(retriever) or _default_embed, generator.count_tokens)
     return AbstractiveCompressor(generator) if mode == "abstractive" else None
+
+
+def _support_embed(config: RunConfig, retriever: Retriever):
+    """`controller.check_support`: the dense retriever's own model, else the default embedder."""
+    if not config.controller.check_support:
+        return None
+    from rigkit.retrieval.rerank import embedder_of
+
+    return embedder_of(retriever) or _default_embed
 
 
 def _default_embed(texts: list[str]):

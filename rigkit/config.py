@@ -142,6 +142,10 @@ class QueryConfig:
     max_subqueries: int = 3  # multi: searches asked of the model per need, merged by RRF; caps a marker's `a ## b` too
     max_words: int = 30  # rewrite output limit (words, or CJK characters)
     include_question: bool = True  # prefix masked/keyword queries with the question's key terms
+    split_markers: bool = True  # several retrieval markers in one segment: one search each, searched together (merged by RRF); false = one query joined by "; "
+    cap: str = "marker"  # which searches the length cap applies to: marker (the model's own marker phrases) | all | none
+    max_query_words: int = 12  # the cap for an English search (words)
+    max_query_cjk: int = 20  # the cap for a Chinese search (CJK characters)
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,15 @@ class ContextConfig:
 class ControllerConfig:
     max_rounds: int = 3  # retrieval rounds; then the answer is finished from context
     policy: str = "auto"  # auto | continue | regenerate (auto: the policy the decider declares)
+    rewrite_check: bool = True  # a rewrite (policy regenerate) that repeats accepted text or drops the flagged claim without a passage-supported replacement falls back to the set-aside segment, now after its passages (action fallback)
+    repeat_guard: bool = True  # a segment repeating an earlier sentence of the answer is cut there and the answer ends (action repeat); holds for every backend
+    repeat_overlap: float = 0.8  # a sentence repeats another when this share of its word trigrams occur in it (1 = exact repeats only); also the rewrite check's overlap with accepted text
+    end_on_sentence: bool = True  # an answer ending mid-sentence is trimmed to its last whole sentence (RIGResult.trimmed holds the cut)
+    short_answer: str = "extract"  # none | extract (rules on the answer) | ask (one helper call, in the question's language; extracted when the reply is empty): RIGResult.short_answer
+    skip_duplicate_queries: bool = True  # a search equal or near-equal (content-word Jaccard >= repeat_overlap) to an earlier one of this answer is not run again; empty and garbage searches are skipped too, each with its reason in the round's guards
+    check_support: bool = False  # each kept sentence is compared with the passages it could see (embedding cosine, the retriever's dense model or MiniLM); below support_threshold it is listed in the round's unsupported
+    support_threshold: float = 0.5  # check_support's cosine cut (the evaluation's sentence support uses the same)
+    warn_no_retrieval: bool = True  # warn "the answer cites nothing" also when no passage was ever in context
     pause_at_flag: bool = False  # a decider that can tell from one token (prob) ends the segment at the first flagged word, not the sentence end (DRAGIN): less of a sentence that is rewritten is written
 
 

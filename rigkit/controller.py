@@ -12,22 +12,25 @@ import dataclasses
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from rigkit.answer_checks import AnswerChecks, segment_prefix
 from rigkit.callbacks import Observers, RoundCallback
 from rigkit.citations import written_with
-from rigkit.config import ControllerConfig, GeneratorConfig
+from rigkit.config import ControllerConfig, GeneratorConfig, QueryConfig
 from rigkit.context import ContextManager
 from rigkit.deciders.base import POLICIES, Decider, DecisionState, decider_policy
 from rigkit.errors import InputError
 from rigkit.generation.protocol import Generator, SupportsReset
 from rigkit.grounding import ground
+from rigkit.guards import QueryGuard, whole_sentences
 from rigkit.markers import clean_answer
 from rigkit.queries import QueryBuilder, resolve_query, standalone_question
 from rigkit.retrieval.base import Retriever
 from rigkit.retrieval.hybrid import search_queries
 from rigkit.retrieval.sources import collect_notes
+from rigkit.short_answer import SHORT_ANSWER_MODES
 from rigkit.text import check_question, strip_citations
 from rigkit.trace import (
     Action,
@@ -47,7 +50,7 @@ __all__ = ["RIGController", "Run", "RoundCallback"]
 STAGES = ("generate", "decide", "query", "retrieve", "inject")
 
 
-class RIGController:
+class RIGController(AnswerChecks):
     """Runs one question through the loop; parts are injected, so each can be swapped."""
 
     def __init__(
@@ -63,6 +66,8 @@ class RIGController:
         callbacks: Sequence[RoundCallback | Any] = (),
         citations: bool = True,
         run_config: dict[str, Any] | None = None,
+        embed: Callable[[list[str]], Any] | None = None,
+        query_config: QueryConfig | None = None,
     ):
         self.generator, self.retriever, self.decider = generator, retriever, decider
         self.query_builder, self.context = query_builder, context
@@ -70,6 +75,13 @@ class RIGController:
         self.generation = generation or GeneratorConfig()
         self.top_k, self.callbacks, self.citations = top_k, list(callbacks), citations
         self.run_config = dict(run_config or {})  # the whole run's config, recorded in each result
+        self.embed = embed  # texts -> unit vectors: the in-loop support check (controller.check_support)
+        # the loop's guards on its searches: length cap, empty / garbage, near-repeats
+        self.query_guard = QueryGuard(query_config or QueryConfig(), self.config.skip_duplicate_queries,
+                                      self.config.repeat_overlap)
+        if self.config.short_answer not in SHORT_ANSWER_MODES:
+            raise InputError(f"controller.short_answer must be {' or '.join(SHORT_ANSWER_MODES)}; "
+                             f"got {self.config.short_answer!r}")
         # what happens to a segment that fired: the decider declares it, a run may override it
         if self.config.policy not in ("auto", *POLICIES):
             raise InputError(f"controller.policy must be auto, {' or '.join(POLICIES)}; got {self.config.policy!r}")
@@ -133,6 +145,10 @@ class RIGController:
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused)
         if run.pending is not None and segment.finished and not segment.text.strip():
             self._restore(run, trace)
+        elif run.pending is not None and (fault := self._rewrite_fault(run.rounds, segment)):
+            self._fallback(run, trace, fault)
+        elif (cut := self._repeat_at(segment)) is not None:
+            self._cut_repeat(run, trace, cut)
         elif not decision.retrieve:
             run._accept(segment)
         elif self._cannot_retrieve(run, segment):
@@ -150,7 +166,12 @@ class RIGController:
                 trace.query = resolve_query(query, run.asked, run.history)
         except Exception as err:  # noqa: BLE001 - one failed round must not lose the answer
             return self._searched(run, trace, error=err)
-        request = SearchRequest(id=uuid.uuid4().hex[:12], round=trace.index, queries=trace.query.searches,
+        searches, trace.guards = self.query_guard.screen(trace.query, run.searched)
+        if not searches:  # every search was a repeat, empty or garbage: nothing new to read
+            self._skip(run, trace)
+            return self._end_round(run, trace)
+        run.searched += searches
+        request = SearchRequest(id=uuid.uuid4().hex[:12], round=trace.index, queries=searches,
                                 top_k=self.top_k, query=trace.query, question=run.question,
                                 draft=state.draft + trace.segment.text)
         run.paused = (request, trace)
@@ -165,6 +186,8 @@ class RIGController:
             run._accept(segment)
             return self._end_round(run, trace)
         trace.hits = list(hits)
+        if run.pre_draft is None and run.retrievals == 0:  # what the answer would have said without retrieval
+            run.pre_draft = self._clean(self.context.draft + segment.text)
         run.retrievals += 1
         run.tokens_since_retrieval = 0
         regenerate = self.policy == "regenerate"
@@ -183,6 +206,7 @@ class RIGController:
     def _end_round(self, run: Run, trace: RoundTrace) -> RoundTrace:
         """The round's record completed and told to the observers; whether another follows."""
         run.pending = trace.segment if trace.action is Action.REGENERATE else None
+        self._check_support([*run.rounds, trace])
         self._record_context(run, trace)
         run.rounds.append(trace)
         run.observers.on_round_end(trace)
@@ -228,6 +252,25 @@ class RIGController:
         run.done = run.pending.finished
         trace.action = Action.RESTORE
 
+    def _fallback(self, run: Run, trace: RoundTrace, reason: str) -> None:
+        """Keep the set-aside segment after the passages it was flagged for; drop the rewrite."""
+        assert run.pending is not None
+        run.pending.context_ids = [h.chunk_id for h in self.context.passages]  # it may now cite them
+        run._accept(run.pending)
+        run.generated += len(run.pending.token_ids) - len(trace.segment.token_ids)
+        run.done = run.pending.finished
+        trace.action, trace.fallback = Action.FALLBACK, reason
+
+    def _cut_repeat(self, run: Run, trace: RoundTrace, cut: int) -> None:
+        """Keep the segment up to where it repeats the answer, and end the answer there."""
+        segment = trace.segment
+        trace.guards.append(f"repeat: {segment.text[cut:].strip()!r}")
+        kept = segment_prefix(segment, cut)
+        if kept is not None:
+            run._accept(kept)
+        run.generated -= len(segment.token_ids) - (len(kept.token_ids) if kept else 0)
+        trace.action, run.done = Action.REPEAT, True
+
     def _cannot_retrieve(self, run: Run, segment: Segment) -> bool:
         """No retrieval rounds left, or no answer tokens left to read passages with."""
         return (run.retrievals >= self.config.max_rounds or not segment.text.strip() and segment.finished
@@ -258,11 +301,15 @@ class RIGController:
         reused = sum(known) if len(known) == len(run.rounds) else None
         generated = sum(len(r.segment.token_ids) for r in run.rounds)
         parts = [(text, seg.context_ids) for text, seg in self.context.draft_parts()]
+        answer, trimmed = self._ending(self._clean(self.context.draft))
         # citations (by word overlap, or the model's own [n] checked against what it saw), facts
         grounded = ground(
-            self._clean(self.context.draft), run.question, self.context.seen_passages,
+            answer, run.question, self.context.seen_passages,
             written_with(parts, self._clean), cite=self.context.config.cite,
-            numbers=self.context.passage_numbers, tags=self.citations)
+            numbers=self.context.passage_numbers, tags=self.citations,
+            warn_unretrieved=self.config.warn_no_retrieval and self.citations)
+        if self.config.end_on_sentence and answer and not trimmed and whole_sentences(answer) != answer:
+            grounded.warnings.append("the answer ends mid-sentence and holds no whole sentence to keep")
         return RIGResult(
             question=run.question,
             answer=grounded.answer,
@@ -283,6 +330,9 @@ class RIGController:
             suspicious=grounded.suspicious,
             removed_citations=grounded.removed,
             warnings=run.warnings + grounded.warnings,
+            short_answer=self._short_answer(run.question, strip_citations(grounded.answer)),
+            trimmed=trimmed,
+            pre_retrieval_draft=run.pre_draft,
         )
 
     def _clean(self, text: str) -> str:
@@ -320,7 +370,9 @@ class Run:
         self.generated = 0
         self.low_confidence = False
         self.pending: Segment | None = None  # the flagged segment of the last "regenerate"
-        self.done = False  # the answer is complete (a restored segment had ended the turn)
+        self.done = False  # the answer is complete (a restored segment had ended the turn, a repeat was cut)
+        self.searched: list[str] = []  # this answer's searches so far (the query guards' memory)
+        self.pre_draft: str | None = None  # the draft and flagged segment before the first retrieval
         self.goes_on = True  # another round follows the last one
         self.warnings: list[str] = []  # e.g. a knowledge base that did not answer a search
         self.evicted: list[str] = []  # passages evicted to fit the last segment
@@ -368,7 +420,8 @@ class Run:
         request, waiting = self.paused or (None, None)
         counters = {"retrievals": self.retrievals, "tokens_since_retrieval": self.tokens_since_retrieval,
                     "generated": self.generated, "low_confidence": self.low_confidence, "done": self.done,
-                    "goes_on": self.goes_on, "warnings": list(self.warnings)}
+                    "goes_on": self.goes_on, "warnings": list(self.warnings),
+                    "searched": list(self.searched), "pre_draft": self.pre_draft}
         return RunState(self.question, list(self.given), [list(t) for t in self.history], list(self.rounds),
                         request, waiting, counters, self.pending, list(self.evicted), list(self.log))
 
@@ -426,7 +479,7 @@ def _goes_on(run: Run, trace: RoundTrace) -> bool:
     """Whether another round follows `trace`."""
     if run.done:
         return False
-    if trace.action in (Action.REGENERATE, Action.RESTORE):
+    if trace.action in (Action.REGENERATE, Action.RESTORE, Action.FALLBACK):
         return True
     if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
         return True  # passages follow this segment: the model reads them, even after its end of turn
@@ -439,7 +492,7 @@ def _accepted_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
     for i, r in enumerate(rounds):
         if r.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
             kept.append(r.segment)
-        elif r.action is Action.RESTORE and i > 0:
+        elif r.action in (Action.RESTORE, Action.FALLBACK) and i > 0:
             kept.append(rounds[i - 1].segment)
     return kept
 

@@ -91,12 +91,14 @@ def ground(
     cite: str = "overlap",
     numbers: Mapping[str, int] | None = None,
     tags: bool = True,
+    warn_unretrieved: bool = False,
 ) -> Grounded:
     """Cite (by overlap, or check the model's own `[n]`), then check facts and warn.
 
     `passages` are every passage that was in context; `visible` is `citations.written_with`'s
     (offset, chunk ids) list for `answer`; `numbers` (chunk id -> passage number) is how the
-    passages were labelled for `cite="model"`.
+    passages were labelled for `cite="model"`; `warn_unretrieved` warns that the answer cites
+    nothing also when no passage was ever in context.
     """
     check_grounding_options(cite=cite)
     removed: list[RemovedCitation] = []
@@ -112,7 +114,7 @@ def ground(
         attributions=attributions,
         suspicious=check_facts(attributions, passages, question),
         removed=removed,
-        warnings=grounding_warnings(attributions, cited, removed, cite),
+        warnings=grounding_warnings(attributions, cited, removed, cite, warn_unretrieved and not passages),
     )
 
 
@@ -226,10 +228,14 @@ def _supported(word: Word, sources: Sequence[str]) -> bool:
 
 
 def grounding_warnings(
-    attributions: Sequence[Attribution], cited: Sequence[str], removed: Sequence[RemovedCitation], cite: str
+    attributions: Sequence[Attribution], cited: Sequence[str], removed: Sequence[RemovedCitation], cite: str,
+    unretrieved: bool = False,
 ) -> list[str]:
-    """One line each: passages were in context but nothing cites them; citations were removed."""
+    """One line each: passages were in context but nothing cites them (or, `unretrieved`, no
+    passage ever was); citations were removed."""
     out = []
+    if unretrieved and attributions and not cited:
+        out.append("the answer cites nothing: no passage was retrieved")
     seen = {c for a in attributions for c in a.visible}
     if seen and not cited:
         who = "the model cited none it could see" if cite == "model" else "no sentence is attributed to a passage"

@@ -285,10 +285,11 @@ class MarkerQuery:
     mode = "marker"
 
     def __init__(self, min_words: int = 2, fallback: QueryBuilder | None = None,
-                 max_subqueries: int = QueryConfig.max_subqueries):
+                 max_subqueries: int = QueryConfig.max_subqueries, split_markers: bool = QueryConfig.split_markers):
         self.min_words = min_words
         self.fallback = fallback or MaskedQuery()
         self.max_subqueries = max_subqueries
+        self.split_markers = split_markers  # two markers in one segment: two searches
 
     def build(
         self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
@@ -301,7 +302,8 @@ class MarkerQuery:
         phrases = [p for p in phrases if p]
         text = "; ".join(phrases)
         searches: list[str] = []
-        if any(split_subqueries(p) != [p] for p in phrases):  # `q1 ## q2`: each is searched
+        several = self.split_markers and len(phrases) > 1
+        if several or any(split_subqueries(p) != [p] for p in phrases):  # `q1 ## q2`: each is searched
             searches = _distinct([q for p in phrases for q in split_subqueries(p)], self.max_subqueries)
             text = f" {SUBQUERY_SEPARATOR} ".join(searches)
         if count_query_units(" ".join(searches) or text) >= self.min_words:
@@ -443,7 +445,7 @@ def _marker(config: QueryConfig, generator: Generator | None) -> MarkerQuery:
     # too-short marker phrases fall back to a rewrite when a model is at hand, else to masked
     fallback = (RewriteQuery(generator, config.max_words) if generator is not None
                 else MaskedQuery(config.include_question))
-    return MarkerQuery(config.min_marker_words, fallback, config.max_subqueries)
+    return MarkerQuery(config.min_marker_words, fallback, config.max_subqueries, config.split_markers)
 
 
 QUERY_BUILDERS: dict[str, QueryBuilderFactory] = {

@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 # 2: segments record the passages they could see; results record per-sentence attributions.
-TRACE_VERSION = 2
+# 3: rounds record fallbacks, loop-guard hits and unsupported sentences; results record the short
+#    answer, a trimmed unfinished ending and the draft before the first retrieval.
+TRACE_VERSION = 3
 
 
 class Action(str, Enum):
@@ -54,6 +56,10 @@ class Action(str, Enum):
     REGENERATE = "regenerate"  # set aside and written again after the passages (FLARE-style)
     SKIP = "skip"  # the decider fired but no retrieval round or answer token was left: kept
     RESTORE = "restore"  # the rewrite came back empty at end of turn: the set-aside segment is kept
+    # the rewrite repeated accepted text or lost the flagged claim: the set-aside segment is kept,
+    # now with the passages before it as its evidence, and the rewrite is dropped
+    FALLBACK = "fallback"
+    REPEAT = "repeat"  # the segment repeated an earlier sentence: the repeat is cut and the answer ends
 
     # print and format as the word itself ("accept"), as a plain string would
     __str__ = str.__str__
@@ -254,6 +260,10 @@ class RoundTrace:
     tokens_reused: int | None = 0  # None: unknown (a served model that does not report it)
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     retrieval_round: int = 0  # how many retrievals had happened after this round
+    fallback: str = ""  # why a rewrite was dropped for the set-aside segment (action fallback)
+    guards: list[str] = field(default_factory=list)  # loop guards that fired: "<guard>: <detail>"
+    # sentences of the kept segment no passage it could see supports (cosine < the threshold)
+    unsupported: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -319,6 +329,9 @@ class RIGResult:
     removed_citations: list[RemovedCitation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     request_id: str = ""  # the serving request's id (`X-Request-ID`), as its access-log line names it
+    short_answer: str = ""  # the one-line short answer ("" when controller.short_answer is none)
+    trimmed: str = ""  # an unfinished last sentence cut off the end of the answer
+    pre_retrieval_draft: str | None = None  # the draft and flagged segment before the first retrieval
     version: int = TRACE_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,10 +25,11 @@ BENCH = ROOT / "bench"
 # circle across folders (e.g. readers -> corpus, grounding -> citations, queries -> deciders).
 TIERS = (
     ("trace", "config", "text", "transcript", "prompts", "markers", "datasets", "files", "errors"),
-    ("http", "readers", "corpus", "embeddings", "citations", "grounding", "compression"),
+    ("http", "readers", "corpus", "embeddings", "citations", "grounding", "compression", "guards",
+     "short_answer"),
     ("generation",),
     ("deciders", "queries", "context", "retrieval"),
-    ("controller", "callbacks"),
+    ("controller", "callbacks", "answer_checks"),
     ("build", "streaming"),
     ("eval",),
     ("serve", "widgets", "trigger", "finetune"),
@@ -36,7 +37,7 @@ TIERS = (
 )
 TEST_KIT = ("testing",)  # scripted parts for tests: reads the parts' row and below, imported by tests only
 UPPER = tuple(m for row in TIERS[TIERS.index(("build", "streaming")) + 1 :] for m in row)
-CORE = tuple(m for row in TIERS[: TIERS.index(("controller", "callbacks")) + 1] for m in row)
+CORE = tuple(m for row in TIERS[: TIERS.index(("controller", "callbacks", "answer_checks")) + 1] for m in row)
 BENCH_TIER = len(TIERS) - 2  # the benchmarks drive the library, not the commands
 # Circles inside one folder that are still there (the modules of each); a new one fails the test,
 # and so does one of these once it is gone, so the list stays true.

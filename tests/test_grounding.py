@@ -154,7 +154,8 @@ def test_a_sentence_is_checked_against_what_it_could_see_and_closed_book_is_not_
     assert [s.sentence for s in flagged] == [0] and flagged[0].facts == ["Apache-2.0", "NOTICE"]
     assert check_facts(attributions, [], "What does it need?") == []
     result, _ = run(["Rome was founded in 753 BC."], decider=NeverDecider(), question="When was Rome founded?")
-    assert result.suspicious == [] and result.warnings == []  # no passage: nothing to ground on
+    assert result.suspicious == []  # no passage: nothing to ground on
+    assert result.warnings == ["the answer cites nothing: no passage was retrieved"]
 
 
 # -- warnings, the CLI and the trace ------------------------------------------------------------

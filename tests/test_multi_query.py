@@ -118,10 +118,12 @@ def test_marker_phrase_split_on_hashes():
     assert query.text == "Nightfall director ## Kenji director"
 
 
-def test_marker_searches_capped_and_plain_markers_unchanged():
+def test_marker_searches_capped_and_two_markers_are_two_searches():
     capped = MarkerQuery(max_subqueries=2).build(QUESTION, "", marker_decision("a b ## c d ## e f"))
     assert capped.subqueries == ["a b", "c d"]
-    plain = MarkerQuery().build(QUESTION, "", marker_decision("Nightfall director", "Kenji director"))
+    two = MarkerQuery().build(QUESTION, "", marker_decision("Nightfall director", "Kenji director"))
+    assert two.subqueries == ["Nightfall director", "Kenji director"]  # two markers: searched together
+    plain = MarkerQuery(split_markers=False).build(QUESTION, "", marker_decision("Nightfall director", "Kenji director"))
     assert plain.text == "Nightfall director; Kenji director" and plain.subqueries == []
     single = MarkerQuery().build(QUESTION, "", marker_decision("Nightfall director ##"))
     assert single.text == "Nightfall director" and single.searches == ["Nightfall director"]

@@ -10,6 +10,7 @@ from rigkit.citations import source_label
 from rigkit.cli import add_config_options
 from rigkit.cli.flags import add_flags, add_generator_flags, add_source_flags
 from rigkit.errors import InputError
+from rigkit.short_answer import answer_line
 from rigkit.trace import RIGResult, RoundTrace
 
 __all__ = ["register", "format_round", "format_result"]
@@ -128,6 +129,10 @@ def format_round(trace: RoundTrace) -> str:
         )
     if trace.error:
         lines.append(f"error     {trace.error}")
+    lines += [f"guard     {_safe(g)}" for g in trace.guards]
+    if trace.fallback:
+        lines.append(f"fallback  {trace.fallback}")
+    lines += [f"unsupported {_safe(s)!r}" for s in trace.unsupported]
     lines.append(
         f"action    {trace.action}   budget system {b.system} | question {b.question} | passages {b.passages}"
         f"/{b.max_retrieval_tokens} | draft {b.draft} | free {b.free}"
@@ -168,6 +173,8 @@ def format_result(result: RIGResult) -> str:
     lines = [
         "═" * 64,
         f"answer    {result.answer}",
+        *([f"short     {answer_line(result.short_answer, result.question)}"] if result.short_answer else []),
+        *([f"trimmed   {result.trimmed!r} (an unfinished last sentence)"] if result.trimmed else []),
         f"citations {', '.join(result.citations) or '-'}",
         *_sources(result),
         f"retrievals {result.used_retrieval_times}   low confidence: {result.low_confidence}"

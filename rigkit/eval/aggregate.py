@@ -20,6 +20,8 @@ __all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "questi
 
 # (key in a result line, column label, format). The order is the report's column order.
 METRICS: tuple[tuple[str, str, str], ...] = (
+    ("em_short", "EM (short answer)", "{:.3f}"),
+    ("f1_short", "F1 (short answer)", "{:.3f}"),
     ("em", "EM", "{:.3f}"),
     ("f1", "F1", "{:.3f}"),
     ("em_extracted", "EM (extracted)", "{:.3f}"),
@@ -41,6 +43,14 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("all_sentences_supported", "All sentences supported", "{:.3f}"),
     ("sentence_support_share", "Sentence support share", "{:.3f}"),
     ("latency", "Latency s", "{:.2f}"),
+    # what the loop's guards did per answer, and the final text's repeats and unfinished endings
+    ("fallbacks", "Fallbacks/q", "{:.2f}"),
+    ("repeats_cut", "Repeats cut/q", "{:.2f}"),
+    ("query_guard_hits", "Query guards/q", "{:.2f}"),
+    ("trimmed", "Trimmed", "{:.3f}"),
+    ("unsupported_flagged", "Unsupported flagged/q", "{:.2f}"),
+    ("repeated_sentences", "Repeated sentences/q", "{:.3f}"),
+    ("ends_mid_sentence", "Ends mid-sentence", "{:.3f}"),
 )
 
 # Shares of a count, pooled over a run's questions (sum / sum) rather than averaged per question:

@@ -26,7 +26,8 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 
-from rigkit.text import fact_words, first_sentence, has_cjk, mentions, strip_citations, word_units
+from rigkit.short_answer import extract_answer
+from rigkit.text import has_cjk, strip_citations, word_units
 
 __all__ = [
     "normalize_answer",
@@ -142,49 +143,6 @@ def cover_match(prediction: str, golds: Sequence[str]) -> float:
         _contains(answer_tokens(prediction, has_cjk(g)), answer_tokens(g, has_cjk(g)))
         for g in golds if g
     ))
-
-
-# -- short-answer extraction ------------------------------------------------------------------
-_ANSWER_IS = re.compile(
-    r"(?:final answer|short answer|the answer|answer)\s*(?:is|was|would be|:)\s*:?\s*(?P<rest>.+)"
-    r"|答案(?:是|为|：|:)\s*(?P<zh>.+)",
-    re.IGNORECASE | re.DOTALL,
-)
-_YES_NO_QUESTION = re.compile(
-    r"^\s*(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should)\b", re.IGNORECASE
-)
-_LEADING_YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
-_TRIM = " \t\n\"'“”‘’«»()[]*.,;:!?。，；：！？"
-
-
-def extract_answer(reply: str, question: str) -> str:
-    """The short answer in a sentence-long reply; the reply's first sentence when none is found.
-
-    Rules, first that applies:
-    1. text after "the answer is" / "answer:" / "答案是", up to the end of that sentence;
-    2. a yes/no question ("Is ...", "Did ...") whose reply opens with yes or no: that word;
-    3. the first fact-shaped phrase of the first sentence (name, title, date, number, code:
-       `rigkit.text.fact_words`) that the question does not already mention: the noun phrase
-       that answers it (the question's own entities are what is asked about, not the answer);
-    4. otherwise the first sentence.
-    """
-    text = strip_citations(reply).strip()
-    if not text:
-        return ""
-    found = _ANSWER_IS.search(text)
-    if found:
-        rest = found.group("rest") or found.group("zh") or ""
-        short = first_sentence(rest, capital_ends=False).strip(_TRIM)
-        if short:
-            return short
-    sentence = first_sentence(text, capital_ends=False) or text
-    yes_no = _LEADING_YES_NO.match(sentence)
-    if yes_no and _YES_NO_QUESTION.match(question):
-        return yes_no.group(1).lower()
-    for word in fact_words(sentence):
-        if not mentions(question, word.text):
-            return word.text.strip(_TRIM)
-    return sentence.strip(_TRIM)
 
 
 # -- a score that fits the kind of answer asked for -------------------------------------------

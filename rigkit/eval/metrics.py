@@ -8,6 +8,14 @@ of the reply (`em_extracted`, `f1_extracted`), beside the raw ones, never instea
 DRAGIN's tables), and `type_aware`, Cover EM made to fit the answer asked for (`typed_match`:
 yes/no questions scored as yes/no, two-option questions by the option named first).
 
+The short answer line (`RIGResult.short_answer`, extracted or asked for in the loop; extracted
+here for results that lack it) is scored as `em_short` / `f1_short`, the report's headline.
+Harm: `draft_cover_em` is the Cover EM of the draft before the first retrieval (the answer as
+far as it went plus the flagged segment), so the report can count answers retrieval made wrong.
+What the loop's guards did is counted per answer: fallbacks, repeats cut, query guards that
+fired, unfinished endings trimmed, sentences flagged unsupported; and, as checks on the final
+text, sentences that repeat an earlier one and an answer ending mid-sentence.
+
 Retrieval-side figures come from the trace: which passages were injected (supporting-paragraph
 recall by title, and by paragraph id where the data has them, which is the stricter measure
 for MuSiQue), how often the decider fired, what was pre-filled versus reused from the KV cache,
@@ -31,8 +39,9 @@ from typing import Any
 
 from rigkit.citations import attribute
 from rigkit.eval.answers import cover_match, exact_match, extract_answer, token_f1, typed_match
+from rigkit.guards import repeated_sentence, whole_sentences
 from rigkit.text import find_citations, split_sentences, strip_citations
-from rigkit.trace import Hit, RIGResult
+from rigkit.trace import Action, Hit, RIGResult
 
 __all__ = [
     "QAItem",
@@ -247,6 +256,22 @@ def _trace_counts(result: RIGResult) -> dict[str, Any]:
     }
 
 
+def _guard_counts(result: RIGResult, answer: str) -> dict[str, Any]:
+    """What the loop's guards did, and the two checks on the final text they aim at."""
+    sentences = split_sentences(answer)
+    repeated = sum(repeated_sentence(s, sentences[:i]) is not None for i, s in enumerate(sentences))
+    guards = [g for r in result.rounds for g in r.guards]
+    return {
+        "fallbacks": sum(r.action is Action.FALLBACK for r in result.rounds),
+        "repeats_cut": sum(r.action is Action.REPEAT for r in result.rounds),
+        "query_guard_hits": sum(not g.startswith("repeat:") for g in guards),
+        "trimmed": int(bool(result.trimmed)),
+        "unsupported_flagged": sum(len(r.unsupported) for r in result.rounds),
+        "repeated_sentences": repeated,
+        "ends_mid_sentence": int(bool(answer.strip()) and whole_sentences(answer) != answer),
+    }
+
+
 def _stage_timings(result: RIGResult) -> dict[str, float]:
     if result.timings:
         return {k: float(v) for k, v in result.timings.items() if k != "total"}
@@ -265,7 +290,12 @@ def score_result(
     by_title, by_pid = support_recall(hits, item)
     answer = strip_citations(result.answer)
     short = extract_answer(answer, item.question)
+    line = result.short_answer or short  # results written before the short answer line: extracted
+    draft = result.pre_retrieval_draft
     record: dict[str, Any] = {
+        "em_short": exact_match(line, item.golds),
+        "f1_short": token_f1(line, item.golds),
+        "short_answer": line,
         "em": exact_match(answer, item.golds),
         "f1": token_f1(answer, item.golds),
         "em_extracted": exact_match(short, item.golds),
@@ -273,6 +303,7 @@ def score_result(
         "extracted_answer": short,
         "cover_em": cover_match(answer, item.golds),
         "type_aware": typed_match(answer, item.question, item.golds),
+        "draft_cover_em": None if draft is None else cover_match(draft, item.golds),
         "support_recall": by_title,
         "support_recall_pid": by_pid,
         "passages_injected": len(hits),
@@ -281,6 +312,7 @@ def score_result(
         # without passages, where the check does not run
         "suspicious_share": len(result.suspicious) / len(result.attributions) if hits and result.attributions else None,
         **_trace_counts(result),
+        **_guard_counts(result, answer),
         "timings": _stage_timings(result),
     }
     if faithfulness is not None:

@@ -28,7 +28,7 @@ from rigkit.eval.aggregate import row_field
 __all__ = ["PAIRED_METRICS", "PairedComparison", "Share", "paired_bootstrap", "mcnemar_exact",
            "compare_systems", "per_question", "wins_losses", "share_interval", "ratio_interval"]
 
-PAIRED_METRICS = ("cover_em", "f1", "support_recall")
+PAIRED_METRICS = ("em_short", "cover_em", "f1", "support_recall")
 RESAMPLES = 10_000
 CONFIDENCE = 0.95
 

@@ -40,14 +40,19 @@ __all__ = ["META_FILE", "load_run", "load_compared", "report_tables", "markdown_
 
 META_FILE = "meta.json"
 DEFAULT_BASELINE = "rag"  # what the paired comparisons are against
-QUALITY = ("em", "f1", "em_extracted", "f1_extracted", "cover_em", "type_aware", "support_recall",
+QUALITY = ("em_short", "f1_short", "em", "f1", "em_extracted", "f1_extracted", "cover_em", "type_aware", "support_recall",
            "support_recall_pid", "citation_precision", "all_sentences_supported",
            "sentence_support_share")
 COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
         "tokens_reused", "forward_passes", "extra_model_calls", "model_calls", "latency")
 # "better" and "cheaper" read together: the headline figures, then what they cost per question
-HEADLINE = ("cover_em", "f1", "support_recall", "retrievals", "model_calls", "tokens_prefilled")
-BY_TYPE = ("em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
+HEADLINE = ("em_short", "f1_short", "cover_em", "f1", "support_recall", "retrievals", "model_calls",
+            "tokens_prefilled")
+# what the loop's guards did, and the final text's repeated sentences and unfinished endings
+GUARDS = ("fallbacks", "repeats_cut", "query_guard_hits", "trimmed", "unsupported_flagged",
+          "repeated_sentences", "ends_mid_sentence")
+CLOSED_BOOK = "closed_book"  # the reference of the harm table's first count
+BY_TYPE = ("em_short", "em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
 
@@ -201,6 +206,29 @@ def _types_table(rows: list[dict[str, Any]], typed: list[GroupStats], baseline: 
     return header, table
 
 
+def _harm_table(rows: list[dict[str, Any]]) -> Table:
+    """Answers retrieval made wrong (losses) or right (wins), on Cover EM, per system.
+
+    Against closed-book (when it ran): closed-book right and the system not, and the reverse.
+    For RIG: the draft before the first retrieval held the gold answer and the final one does
+    not, and the reverse; answers that never retrieved mid-answer have no such draft."""
+    scores = per_question(rows, "cover_em")
+    closed = scores.get(CLOSED_BOOK, {})
+    header = ["System", "Questions", "Closed-book right, system wrong", "System right, closed-book wrong",
+              "Draft right, final wrong", "Draft wrong, final right", "Answers with a draft"]
+    table = []
+    for system in (s for s in dict.fromkeys(r["system"] for r in rows) if s != CLOSED_BOOK):
+        mine = scores.get(system, {})
+        wins, losses = wins_losses(mine, closed) if closed else ("–", "–")
+        drafts = [r for r in rows if r["system"] == system and not r.get("error")
+                  and isinstance(r.get("draft_cover_em"), (int, float)) and isinstance(r.get("cover_em"), (int, float))]
+        lost = sum(r["draft_cover_em"] > r["cover_em"] for r in drafts)
+        gained = sum(r["draft_cover_em"] < r["cover_em"] for r in drafts)
+        table.append([system, str(len(mine)), str(losses), str(wins),
+                      *((str(lost), str(gained)) if drafts else ("–", "–")), str(len(drafts))])
+    return header, table
+
+
 def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
                   meta: dict[str, Any] | None = None) -> dict[str, Table]:
     """Named tables (quality, cost, paired comparisons, by type, latency) from result lines; with
@@ -223,6 +251,9 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
         "Answer quality and evidence": _metric_table(overall, QUALITY, False),
         "Quality beside cost": headline,
         "Cost": _metric_table(overall, COST, False),
+        "Harm: answers retrieval made wrong (losses) or right (wins), on Cover EM": _harm_table(rows),
+        "Loop guards per answer (fallbacks, repeats cut, query guards, trimmed endings, unsupported "
+        "sentences) and the final text's repeats and unfinished endings": _metric_table(overall, GUARDS, False),
         # only when the baseline ran beside other systems
         **({f"Paired against {baseline} (same questions; bootstrap interval, exact sign / McNemar test)":
             _paired_table(comparisons),

@@ -42,7 +42,8 @@ __all__ = [
 
 # Rounds whose segment did not stay in the answer: it was dropped and written again after
 # retrieval (FLARE-style "regenerate"). "skip" (no retrieval rounds left) keeps its segment.
-DISCARDED_ACTIONS = frozenset({Action.REGENERATE})
+# segments that left the answer: set aside for a rewrite, a rewrite dropped for the flagged one, a repeat
+DISCARDED_ACTIONS = frozenset({Action.REGENERATE, Action.FALLBACK, Action.REPEAT})
 
 _RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf",
                     *(f"q{i}" for i in range(1, 10)), "merged")  # sub-queries, then their merge
@@ -166,8 +167,8 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "
     if not rounds:
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
-    # a "restore" round puts the previous round's flagged segment back into the answer
-    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action == Action.RESTORE}
+    # a "restore" or "fallback" round puts the previous round's flagged segment back into the answer
+    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action in (Action.RESTORE, Action.FALLBACK)}
     parts = [
         segment_html(r.segment, (), marker_tag)
         for i, r in enumerate(rounds[:index])

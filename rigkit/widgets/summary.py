@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rigkit.short_answer import answer_line
 from rigkit.trace import Action, RIGResult, RoundTrace
 from rigkit.widgets.render import BOX_STYLE, MUTED_STYLE, esc, fmt
 
@@ -73,6 +74,8 @@ ACTION_MEANINGS = {
     Action.REGENERATE: "retrieved: the segment is dropped and written again with the passages",
     Action.SKIP: "no retrieval rounds left: the segment stays, the answer finishes from the context",
     Action.RESTORE: "the model ended its turn after the passages: the flagged segment is kept",
+    Action.FALLBACK: "the rewrite did not earn its place: the flagged segment is kept after the passages",
+    Action.REPEAT: "the segment repeated an earlier sentence: the repeat is cut and the answer ends",
 }
 
 
@@ -92,10 +95,21 @@ def round_header_html(
         meaning = esc(ACTION_MEANINGS.get(r.action, r.action))
         extra += (f' · action <code class="rig-action" title="{meaning}">{esc(r.action)}</code>'
                   f" · retrievals so far {r.retrieval_round}")
+        extra += _round_notes(r)
     return (
         f'<div class="rig-header" style="{BOX_STYLE}"><b class="rig-round-label">{label}</b>{extra}'
         f'<div class="rig-question"><b>Q:</b> {esc(question)}</div></div>'
     )
+
+
+def _round_notes(r: RoundTrace) -> str:
+    """Why a rewrite fell back, the loop guards that fired, the sentences flagged unsupported."""
+    notes = ([f'<div class="rig-fallback" style="color:#b45309;">fallback: {esc(r.fallback)}</div>']
+             if r.fallback else [])
+    notes += [f'<div class="rig-guard" style="{MUTED_STYLE}">guard · {esc(g)}</div>' for g in r.guards]
+    notes += [f'<div class="rig-unsupported" style="color:#b45309;">unsupported by its passages: {esc(s)}</div>'
+              for s in r.unsupported]
+    return "".join(notes)
 
 
 def answer_html(result: RIGResult | None) -> str:
@@ -108,7 +122,11 @@ def answer_html(result: RIGResult | None) -> str:
     return (
         f'<div class="rig-answer" style="{BOX_STYLE}"><b>Answer:</b> '
         f'<span class="rig-answer-text">{_marked_answer(result)}</span>'
-        f'<div style="{MUTED_STYLE}">{len(result.rounds)} rounds · {result.used_retrieval_times} retrievals'
+        + (f'<div class="rig-short-answer"><b>{esc(answer_line(result.short_answer, result.question))}</b></div>'
+           if result.short_answer else "")
+        + (f'<div class="rig-trimmed" style="{MUTED_STYLE}">trimmed to its last whole sentence: '
+           f"cut {esc(result.trimmed)!r}</div>" if result.trimmed else "")
+        + f'<div style="{MUTED_STYLE}">{len(result.rounds)} rounds · {result.used_retrieval_times} retrievals'
         f" · tokens generated {tok.get('generated', 0)}, pre-filled {tok.get('prefilled', 0)},"
         f" reused {'unknown' if tok.get('reused', 0) is None else tok.get('reused', 0)}{cites}{flags}</div>"
         + "".join(f'<div class="rig-warning" style="color:#b45309;">⚠ {esc(w)}</div>' for w in result.warnings)

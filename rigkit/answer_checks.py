@@ -1,0 +1,120 @@
+"""The checks that keep retrieval from making an answer worse, as methods of the RIG loop.
+
+The controller mixes these in: whether a rewrite earns its place over the segment it replaces,
+where a segment starts repeating the answer, whether a kept sentence is supported by what it
+could see, where the answer ends, and its short answer line. They read the controller's config,
+context and generator and change nothing; the controller acts on what they say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rigkit.config import ControllerConfig
+from rigkit.context import ContextManager
+from rigkit.generation.protocol import Generator
+from rigkit.guards import first_repeat, ngram_overlap, whole_sentences
+from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
+from rigkit.text import content_words, split_sentences
+from rigkit.trace import Action, RoundTrace, Segment
+
+__all__ = ["AnswerChecks", "kept_segment", "segment_prefix"]
+
+
+class AnswerChecks:
+    """Mixed into `RIGController`: the answer-quality checks of `controller.*` settings."""
+
+    config: ControllerConfig
+    context: ContextManager
+    generator: Generator
+    embed: Callable[[list[str]], Any] | None
+    _clean: Callable[[str], str]  # the controller's: the answer text of a raw draft
+
+    def _rewrite_fault(self, rounds: Sequence[RoundTrace], rewrite: Segment) -> str:
+        """Why the rewrite of the set-aside segment does not earn its place ("" when it does).
+
+        It repeats accepted text, or it mentions none of the flagged words and no passage of
+        the round supports it (two shared content words and half of its own, as a citation).
+        """
+        if not self.config.rewrite_check:
+            return ""
+        if not rewrite.text.strip():
+            return "the rewrite is empty"
+        accepted = split_sentences(self._clean(self.context.draft))
+        if accepted and ngram_overlap(rewrite.text, accepted) >= self.config.repeat_overlap:
+            return "the rewrite repeats accepted text"
+        flagged = content_words(" ".join(s.text for s in rounds[-1].decision.spans))
+        words = content_words(rewrite.text)
+        if not flagged or flagged & words:
+            return ""
+        added = set(rounds[-1].injection.added if rounds[-1].injection else ())
+        for hit in (h for h in self.context.passages if h.chunk_id in added):
+            shared = len(words & content_words(f"{hit.title} {hit.text}"))
+            if shared >= 2 and shared >= 0.5 * len(words):
+                return ""
+        return f"the rewrite drops the flagged {' '.join(sorted(flagged))!r} without a supported replacement"
+
+    def _repeat_at(self, segment: Segment) -> int | None:
+        """Where `segment` starts repeating an earlier sentence of the answer (None: it does not)."""
+        if not self.config.repeat_guard or not segment.text.strip():
+            return None
+        return first_repeat(self.context.draft, segment.text, self.config.repeat_overlap)
+
+    def _check_support(self, rounds: Sequence[RoundTrace]) -> None:
+        """`controller.check_support`: the kept segment's sentences against the passages it saw."""
+        trace, kept = rounds[-1], kept_segment(rounds)
+        if not self.config.check_support or self.embed is None or kept is None or not kept.context_ids:
+            return
+        sentences = split_sentences(self._clean(kept.text))
+        passages = [h for h in self.context.seen_passages if h.chunk_id in set(kept.context_ids)]
+        if not sentences or not passages:
+            return
+        vectors = self.embed(sentences + [f"{h.title}. {h.text}" for h in passages])
+        sims = vectors[: len(sentences)] @ vectors[len(sentences):].T
+        trace.unsupported = [s for s, row in zip(sentences, sims) if float(row.max()) < self.config.support_threshold]
+
+    def _ending(self, answer: str) -> tuple[str, str]:
+        """`controller.end_on_sentence`: (the answer up to its last whole sentence, the cut text)."""
+        whole = whole_sentences(answer) if self.config.end_on_sentence else answer
+        if not whole.strip() or whole == answer:
+            return answer, ""
+        return whole, answer[len(whole):].strip()
+
+    def _short_answer(self, question: str, answer: str) -> str:
+        """`controller.short_answer`: extracted from the answer, or asked of the model."""
+        mode = self.config.short_answer
+        if mode == "none" or not answer.strip():
+            return ""
+        if mode == "ask":
+            short = parse_short_reply(self.generator.generate(ask_prompt(question, answer), max_new_tokens=32))
+            if short:
+                return short
+        return extract_answer(answer, question)
+
+
+
+def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
+    """The segment the last of `rounds` added to the answer (None: it added none)."""
+    last = rounds[-1]
+    if last.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
+        return last.segment
+    if last.action in (Action.RESTORE, Action.FALLBACK) and len(rounds) > 1:
+        return rounds[-2].segment
+    return None
+
+
+def segment_prefix(segment: Segment, cut: int) -> Segment | None:
+    """The whole tokens of `segment` that end at or before character `cut` (None: no text)."""
+    count = seen = 0
+    for token in segment.tokens:
+        if seen + len(token) > cut:
+            break
+        seen, count = seen + len(token), count + 1
+    if not segment.text[:seen].strip():
+        return None
+    return dataclasses.replace(
+        segment, text=segment.text[:seen], tokens=segment.tokens[:count], token_ids=segment.token_ids[:count],
+        logprobs=segment.logprobs[:count], entropies=segment.entropies[:count], finish_reason="stop", attention=None)
+

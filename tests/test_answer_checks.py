@@ -1,0 +1,245 @@
+"""Retrieval makes the answer better, never worse: the loop's answer checks with scripted parts.
+
+A rewrite that repeats accepted text or loses the flagged claim falls back to the set-aside
+segment; a repeated sentence is cut and ends the answer; an unfinished last sentence is trimmed;
+the short answer line; the query guards; the in-loop support check; the trace round trip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rigkit.config import ContextConfig, ControllerConfig, GeneratorConfig, QueryConfig
+from rigkit.context import ContextManager
+from rigkit.controller import RIGController
+from rigkit.errors import InputError
+from rigkit.queries import build_query_builder
+from rigkit.testing import (
+    AlwaysDecider,
+    DictRetriever,
+    NeverDecider,
+    ScriptedGenerator,
+    make_segment,
+)
+from rigkit.trace import Action, Decision, Hit, RIGResult, Span
+
+NOTICE = Hit("notice#0", "notice", "The NOTICE file",
+             "A NOTICE text file ships with Apache-2.0 works: every redistribution must include it.", 1.0)
+LICENCE = Hit("apache#0", "apache", "The Apache License 2.0",
+              "Apache-2.0 allows use for any purpose, including commercial products.", 1.0)
+
+
+class FlagWord:
+    """Fires on segments holding `word`, flagging it as the uncertain span (like `prob`)."""
+
+    policy = "regenerate"
+
+    def __init__(self, word: str):
+        self.word = word
+
+    def decide(self, segment, state):
+        at = segment.text.find(self.word)
+        spans = [Span(0, 1, self.word, 1.0, at, at + len(self.word))] if at >= 0 else []
+        return Decision(at >= 0, float(at >= 0), "flagged" if at >= 0 else "fine", decider="word", spans=spans)
+
+
+def make(generator, decider, retriever=None, query=None, embed=None, max_answer_tokens=200, **controller):
+    context = ContextManager(ContextConfig(), generator.count_tokens, generator.render_chat)
+    query = query or QueryConfig(mode="masked")
+    return RIGController(
+        generator, retriever or DictRetriever({}, default=[NOTICE, LICENCE]), decider,
+        build_query_builder(query, generator), context, config=ControllerConfig(**controller),
+        generation=GeneratorConfig(max_answer_tokens=max_answer_tokens), embed=embed, query_config=query,
+    )
+
+
+# -- a rewrite must earn its place ----------------------------------------------------------------
+DEMO = [
+    "Yes, you can use it commercially.",
+    " It allows use for any purpose, including commercial products.",
+    " You must also include a NOTICE text file.",  # flagged
+    " It allows use for any purpose, including commercial products.",  # the rewrite repeats
+    " That is all.",
+]
+
+
+def test_a_rewrite_that_repeats_accepted_text_falls_back_to_the_flagged_segment():
+    result = make(ScriptedGenerator(DEMO), FlagWord("NOTICE")).run("What must I ship with Apache-2.0 code?")
+    actions = [r.action for r in result.rounds]
+    assert actions == ["accept", "accept", "regenerate", "fallback", "accept"]
+    assert result.rounds[3].fallback == "the rewrite repeats accepted text"
+    assert "NOTICE text file" in result.answer and result.answer.count("It allows use") == 1
+    # the kept segment now stands after the passages: it cites the NOTICE passage
+    assert "notice#0" in result.citations
+
+
+def test_without_the_check_the_rewrite_is_kept_and_the_repeat_guard_ends_the_answer():
+    result = make(ScriptedGenerator(DEMO), FlagWord("NOTICE"), rewrite_check=False).run("What must I ship?")
+    assert [r.action for r in result.rounds] == ["accept", "accept", "regenerate", "repeat"]
+    assert "NOTICE" not in result.answer and result.answer.count("It allows use") == 1
+    assert result.rounds[-1].guards and result.rounds[-1].guards[0].startswith("repeat:")
+
+
+def test_a_rewrite_that_drops_the_flagged_claim_without_support_falls_back():
+    segments = ["You must include a NOTICE text file.", "Bananas are yellow fruit.", " Done."]
+    result = make(ScriptedGenerator(segments), FlagWord("NOTICE")).run("What must I ship?")
+    assert result.rounds[1].action is Action.FALLBACK
+    assert "drops the flagged" in result.rounds[1].fallback and "notice" in result.rounds[1].fallback
+    assert result.answer.startswith("You must include a NOTICE text file.")
+
+
+def test_a_supported_rewrite_without_the_flagged_word_is_kept():
+    segments = ["You must include a NOTICE text file.",
+                "Every redistribution of Apache-2.0 works must include the file.", " Done."]
+    result = make(ScriptedGenerator(segments), FlagWord("NOTICE")).run("What must I ship?")
+    assert [r.action for r in result.rounds][:2] == ["regenerate", "accept"]
+    assert result.answer.startswith("Every redistribution")
+
+
+# -- no repeated sentences, end on a sentence -----------------------------------------------------
+def test_a_near_repeat_cut_short_is_cut_and_the_answer_ends():
+    segments = ["Apache-2.0 is permissive.", " It allows use for any purpose and redistribution.",
+                " Apache 2.0 is permissive.", " More text."]
+    result = make(ScriptedGenerator(segments), NeverDecider()).run("Is Apache-2.0 permissive?")
+    assert result.rounds[-1].action is Action.REPEAT and len(result.rounds) == 3
+    assert result.answer == "Apache-2.0 is permissive. It allows use for any purpose and redistribution."
+
+
+def test_a_repeat_inside_a_segment_keeps_what_comes_before_it():
+    segments = ["Apache-2.0 is permissive.", " It is old. Apache-2.0 is permissive."]
+    result = make(ScriptedGenerator(segments), NeverDecider()).run("Is Apache-2.0 permissive?")
+    assert result.answer == "Apache-2.0 is permissive. It is old."
+    off = make(ScriptedGenerator(segments), NeverDecider(), repeat_guard=False).run("Is it?")
+    assert off.answer.count("Apache-2.0 is permissive.") == 2
+
+
+def test_an_answer_out_of_budget_mid_sentence_is_trimmed_and_the_trace_says_so():
+    segments = ["Apache-2.0 is permissive.", make_segment(" It allows redistribution in", finish_reason="length")]
+    result = make(ScriptedGenerator(segments), NeverDecider()).run("Is Apache-2.0 permissive?")
+    assert result.answer == "Apache-2.0 is permissive." and result.trimmed == "It allows redistribution in"
+    assert [a.text for a in result.attributions] == ["Apache-2.0 is permissive."]
+    off = make(ScriptedGenerator(segments), NeverDecider(), end_on_sentence=False).run("Is it?")
+    assert off.answer.endswith("redistribution in") and off.trimmed == ""
+
+
+def test_an_answer_with_no_whole_sentence_is_kept_with_a_warning():
+    result = make(ScriptedGenerator([make_segment("Apache allows", finish_reason="length")]),
+                  NeverDecider()).run("Is it?")
+    assert result.answer == "Apache allows" and result.trimmed == ""
+    assert any("mid-sentence" in w for w in result.warnings)
+
+
+# -- the short answer line ------------------------------------------------------------------------
+def test_the_short_answer_is_extracted_or_asked_and_the_long_answer_kept():
+    question = "Which film came out first, Niyoti or Angali Pangali?"
+    reply = "Niyoti was released before Angali Pangali."
+    extracted = make(ScriptedGenerator([reply]), NeverDecider()).run(question)
+    assert extracted.short_answer == "Niyoti" and extracted.answer == reply
+    asked = make(ScriptedGenerator([reply], replies=["Answer: the film Niyoti"]), NeverDecider(),
+                 short_answer="ask").run(question)
+    assert asked.short_answer == "the film Niyoti"
+    empty = make(ScriptedGenerator([reply], replies=[""]), NeverDecider(), short_answer="ask").run(question)
+    assert empty.short_answer == "Niyoti"  # an empty reply falls back to extraction
+    assert make(ScriptedGenerator([reply]), NeverDecider(), short_answer="none").run(question).short_answer == ""
+    with pytest.raises(InputError, match="short_answer"):
+        make(ScriptedGenerator([reply]), NeverDecider(), short_answer="maybe")
+
+
+def test_the_ask_prompt_is_in_the_question_language():
+    gen = ScriptedGenerator(["他出生在北京。"], replies=["答案：北京"])
+    result = make(gen, NeverDecider(), short_answer="ask").run("他出生在哪里？")
+    assert result.short_answer == "北京" and "答案" in gen.helper_prompts[0]
+
+
+# -- the loop's query guards ----------------------------------------------------------------------
+def test_a_near_duplicate_query_is_not_searched_again():
+    retriever = DictRetriever({}, default=[LICENCE])
+    segments = ["Apache needs NOTICE files here.", "Apache needs NOTICE files here.", " Fine."]
+    result = make(ScriptedGenerator(segments), FlagWord("NOTICE"), retriever=retriever,
+                  policy="continue", repeat_guard=False).run("What?")
+    assert len(retriever.queries) == 1 and result.used_retrieval_times == 1
+    assert result.rounds[1].action is Action.SKIP and "searched before" in result.rounds[1].guards[0]
+
+
+def marker_decision(*phrases):
+    return Decision(True, 1.0, "marker", decider="marker",
+                    evidence={"markers": [{"phrase": p} for p in phrases]})
+
+
+class MarkerDecider:
+    policy = "continue"
+
+    def __init__(self, *phrases):
+        self.phrases = phrases
+
+    def decide(self, segment, state):
+        return marker_decision(*self.phrases) if state.round_index == 0 else Decision(False, 0.0, "no marker")
+
+
+def test_two_markers_become_two_searches_searched_together_and_the_query_is_capped():
+    retriever = DictRetriever({}, default=[LICENCE])
+    long = "what exactly does the licence say about shipping the notice file with binaries today please"
+    result = make(ScriptedGenerator(["Looking.", " Done."]), MarkerDecider("apache licence commercial use", long),
+                  retriever=retriever, query=QueryConfig(mode="marker")).run("What?")
+    query = result.rounds[0].query
+    assert query.subqueries == ["apache licence commercial use", long]
+    assert any(g.startswith("capped:") for g in result.rounds[0].guards)
+    assert len(retriever.queries[-1].split()) == 12 or any(len(c.split()) == 12 for c in retriever.queries)
+
+
+def test_chinese_queries_are_capped_at_twenty_characters():
+    from rigkit.guards import cap_query
+
+    assert cap_query("阿帕奇许可证允许商业使用吗以及发布时必须包含哪些文件和声明", 12, 20) == "阿帕奇许可证允许商业使用吗以及发布时必须"
+    assert cap_query("one two three", 2, 20) == "one two"
+
+
+def test_an_empty_or_garbage_marker_query_is_skipped_with_a_reason():
+    retriever = DictRetriever({}, default=[LICENCE])
+    result = make(ScriptedGenerator(["Looking.", " Done."]), MarkerDecider("%%% ### !!!"), retriever=retriever,
+                  query=QueryConfig(mode="marker", min_marker_words=1)).run("What?")
+    assert retriever.queries == [] and result.rounds[0].action is Action.SKIP
+    assert result.rounds[0].guards and "skipped" in result.rounds[0].guards[0]
+
+
+def test_cites_nothing_is_warned_also_when_nothing_was_retrieved():
+    result = make(ScriptedGenerator(["Rome is old."]), NeverDecider()).run("Is Rome old?")
+    assert "the answer cites nothing: no passage was retrieved" in result.warnings
+    quiet = make(ScriptedGenerator(["Rome is old."]), NeverDecider(), warn_no_retrieval=False).run("Is Rome old?")
+    assert quiet.warnings == []
+
+
+# -- grounding while answering --------------------------------------------------------------------
+def word_embed(texts):
+    """Bag-of-words unit vectors: a sentence sharing words with a passage is close to it."""
+    vocab = sorted({w for t in texts for w in t.lower().split()})
+    rows = np.array([[t.lower().split().count(w) for w in vocab] for t in texts], dtype=float)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-9)
+
+
+def test_each_kept_sentence_is_checked_against_its_passages_during_the_loop():
+    segments = ["Apache-2.0 needs a NOTICE file.", " a notice text file ships with apache-2.0 works:",
+                " Bananas grow on trees."]
+    result = make(ScriptedGenerator(segments), AlwaysDecider(), policy="continue", check_support=True,
+                  embed=word_embed, max_rounds=1).run("What?")
+    assert result.rounds[0].unsupported == []  # written before any passage: nothing to check against
+    assert result.rounds[1].unsupported == []
+    assert result.rounds[2].unsupported == ["Bananas grow on trees."]
+
+
+# -- the trace -------------------------------------------------------------------------------------
+def test_the_new_fields_survive_the_json_round_trip_and_old_traces_load():
+    result = make(ScriptedGenerator(DEMO), FlagWord("NOTICE")).run("What must I ship with Apache-2.0 code?")
+    again = RIGResult.from_json(result.to_json())
+    assert again == result and again.version == 3
+    assert again.rounds[3].action is Action.FALLBACK and again.pre_retrieval_draft
+    old = result.to_dict()
+    for key in ("short_answer", "trimmed", "pre_retrieval_draft"):
+        old.pop(key)
+    for r in old["rounds"]:
+        for key in ("fallback", "guards", "unsupported"):
+            r.pop(key)
+    old["version"] = 2
+    loaded = RIGResult.from_dict(old)
+    assert loaded.short_answer == "" and loaded.rounds[0].guards == []
