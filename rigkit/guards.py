@@ -110,13 +110,14 @@ def whole_sentences(text: str) -> str:
 
 
 def near_duplicate(query: str, earlier: Sequence[str], min_share: float = 0.8) -> str | None:
-    """The earlier query `query` equals or nearly equals (word-set Jaccard >= `min_share`)."""
-    mine = set(words_of(query))
+    """The earlier query `query` equals or nearly equals: the same words, or word trigram sets
+    whose Jaccard similarity is at least `min_share` (order counts, so two masked queries that
+    share the question's terms but not the sentence are different)."""
+    words = words_of(query)
+    mine = _grams(words)
     for other in earlier:
-        theirs = set(words_of(other))
-        if query.strip().lower() == other.strip().lower():
-            return other
-        if mine and theirs and len(mine & theirs) >= min_share * len(mine | theirs):
+        theirs = words_of(other)
+        if words == theirs or (mine and len(mine & _grams(theirs)) >= min_share * len(mine | _grams(theirs))):
             return other
     return None
 
