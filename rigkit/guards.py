@@ -82,16 +82,19 @@ def first_repeat(draft: str, segment: str, min_share: float = 0.8) -> int | None
     """Character offset in `segment` where a sentence repeating one of `draft` starts, else None.
 
     A segment that continues the draft's last, unfinished sentence is judged as that sentence
-    whole; the offset is then 0 (nothing of the segment is worth keeping).
+    whole; the offset is then 0 (nothing of the segment is worth keeping). After a finished
+    sentence the segment's own sentences are judged, with or without a space between them.
     """
-    text = draft + segment
-    spans = sentence_spans(text)
-    earlier = [text[s:e] for s, e in spans if e <= len(draft)]
-    for start, end in spans:
-        if end <= len(draft):
+    earlier = [draft[s:e] for s, e in sentence_spans(draft)]
+    continues = bool(draft.strip()) and not _ENDS_SENTENCE.search(draft.rstrip())
+    text, offset = (draft + segment, len(draft)) if continues else (segment, 0)
+    if continues:
+        earlier = [text[s:e] for s, e in sentence_spans(text) if e <= offset]
+    for start, end in sentence_spans(text):
+        if end <= offset:
             continue
         if repeated_sentence(text[start:end], earlier, min_share) is not None:
-            return max(0, start - len(draft))
+            return max(0, start - offset)
         earlier.append(text[start:end])
     return None
 

@@ -7,6 +7,8 @@ the short answer line; the query guards; the in-loop support check; the trace ro
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -243,3 +245,17 @@ def test_the_new_fields_survive_the_json_round_trip_and_old_traces_load():
     old["version"] = 2
     loaded = RIGResult.from_dict(old)
     assert loaded.short_answer == "" and loaded.rounds[0].guards == []
+
+
+# -- the guard holds for a served model too: the chat backend against a scripted chat server --------
+from tests.test_chat_faults import _ask, _words, server  # noqa: E402,F401 - the scripted server fixture
+
+
+def test_a_chat_backend_that_writes_the_same_sentence_again_is_cut(cli, server):  # noqa: F811
+    # every segment request answers the same sentence, cut at the token limit: the loop asks again
+    server.settings = {"stream": _words("It is one. It", finish="length")}
+    done = _ask(cli, server, "--json", decider="never")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["answer"] == "It is one." and result["rounds"][-1]["action"] == "repeat"
+    assert result["model"]["source"].startswith(f"chat {server.url}/v1")
