@@ -109,7 +109,7 @@ class RIGController(AnswerChecks):
         run = self.start(question, passages, history)
         while (step := run.step()) is not None:
             if isinstance(step, SearchRequest):
-                run.search(self.retriever)  # the loop's own retriever answers its pauses
+                yield run.search(self.retriever)  # the loop's own retriever answers its pauses; the round it ends is yielded too
             else:
                 yield step
         self.last_result = run.result

@@ -259,3 +259,10 @@ def test_a_chat_backend_that_writes_the_same_sentence_again_is_cut(cli, server):
     result = json.loads(done.stdout)
     assert result["answer"] == "It is one." and result["rounds"][-1]["action"] == "repeat"
     assert result["model"]["source"].startswith(f"chat {server.url}/v1")
+
+
+def test_stream_yields_the_rounds_that_searched_too():
+    gen = ScriptedGenerator(["Apache needs a NOTICE text file.", "You ship the NOTICE file.", " Done."])
+    controller = make(gen, FlagWord("NOTICE"))
+    streamed = [r.index for r in controller.stream("What must I ship?")]
+    assert streamed == [r.index for r in controller.last_result.rounds]
