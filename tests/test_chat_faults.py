@@ -335,3 +335,21 @@ def test_a_segment_set_aside_leaves_no_empty_turn_and_roles_alternate():
     block = "\ue002" + render_markup([{"role": "user", "content": "Passages."}], True)
     assert messages_of([Piece(head), Piece(block, role="passages")]) == [
         {"role": "user", "content": "Q?\n\nPassages."}, {"role": "assistant", "content": ""}]
+
+
+def test_rigkit_eval_answers_through_a_chat_server_with_several_loops_at_once(server, tmp_path):
+    from rigkit.eval.experiment import evaluate
+    from rigkit.eval.runner import read_results
+
+    server.settings = {"stream": _words("It is allowed.")}
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    settings = ["generator.backend=chat", f"generator.base_url={server.url}/v1", f"generator.model={MODEL}",
+                "generator.max_retries=0", f"retrieval.corpus={root / 'data' / 'demo' / 'corpus.jsonl'}",
+                "retrieval.mode=bm25"]
+    evaluate(root / "data" / "demo" / "questions.jsonl", tmp_path / "run", "rig:always", limit=3,
+             config=root / "configs" / "cpu.yaml", settings=settings, concurrency=2, progress=False,
+             report=False, faithfulness=False)
+    rows = read_results(tmp_path / "run")
+    assert len(rows) == 3 and not any(r.get("error") for r in rows)
+    assert all(r["answer"].startswith("It is allowed.") and r["retrievals"] >= 1 for r in rows)
+    assert all(r["model"]["source"].startswith(f"chat {server.url}/v1") for r in rows)

@@ -192,6 +192,17 @@ def test_budget_and_timings(result):
     assert "No timings" in summary.timings_html({})
 
 
+def test_a_chat_servers_round_shows_how_it_continued_and_its_reasoning(result):
+    import copy
+
+    r1 = copy.deepcopy(result.rounds[1])
+    assert "continued" not in summary.budget_html(r1)  # in-process: nothing to say
+    r1.segment.continuation, r1.segment.reasoning = "new_turn", "The user asks <b>this</b>."
+    text = summary.budget_html(r1)
+    assert "continued: new turn" in text and "reasoning (not in the answer)" in text
+    assert "&lt;b&gt;this&lt;/b&gt;" in text  # the model's text is escaped
+
+
 def test_header_and_answer(result):
     head = summary.round_header_html(QUESTION, 1, 4, True, result.rounds)
     assert "Round 2 of 4<" in head and "regenerate" in head and "Apache-2.0" in head
