@@ -78,10 +78,8 @@ def test_rigkit_ask_answers_the_demo_question_with_retrievals_from_a_model_it_ne
     assert result["used_retrieval_times"] >= 1 and result["passages"]
     assert result["model"]["spec"] == UNKNOWN and result["model"]["source"].startswith(f"chat {url}")
     _check_prob_read_chat_logprobs(result)
-    ways = {r["segment"]["continuation"] for r in result["rounds"]}
     expected = "new_turn" if engine == "llama.cpp" else "continue"
-    assert f"continuation: {expected}" in result["model"]["source"]
-    assert expected in ways, ways  # a draft was continued the way the probe found
+    assert f"continuation: {expected}" in result["model"]["source"]  # what the probe found
     if engine == "vllm":  # vLLM reports its prefix cache and counts tokens itself
         assert "token counts: server /tokenize" in result["model"]["source"]
         assert result["tokens"]["reused"] > 0
@@ -89,11 +87,17 @@ def test_rigkit_ask_answers_the_demo_question_with_retrievals_from_a_model_it_ne
         assert "token counts: server /extras/tokenize" in result["model"]["source"]
 
 
-def test_continuation_by_a_new_turn_is_taken_on_request_from_a_server_that_can_continue(vllm_url):
-    result = _ask(vllm_url, "--decider", "never", "--set", "generator.continuation=new_turn",
-                  "--set", "generator.max_answer_tokens=64", DEMO)
+@pytest.mark.parametrize("engine, asked, way", [
+    ("llama.cpp", "auto", "new_turn"),  # it closes a final assistant message: a new turn
+    ("vllm", "auto", "continue"),  # continue_final_message
+    ("vllm", "new_turn", "new_turn"),  # asked for, from a server that could continue
+])
+def test_a_draft_is_continued_the_way_the_server_can_or_is_asked(engine, asked, way, request):
+    url = request.getfixturevalue("llama_url" if engine == "llama.cpp" else "vllm_url")
+    result = _ask(url, "--decider", "never", "--set", f"generator.continuation={asked}",
+                  "--set", "generator.max_segment_tokens=24", "--set", "generator.max_answer_tokens=64", DEMO)
     ways = [r["segment"]["continuation"] for r in result["rounds"]]
-    assert ways[0] == "" and "new_turn" in ways[1:], ways
+    assert len(ways) >= 2 and ways[0] == "" and set(ways[1:]) == {way}, ways
     assert result["answer"].strip()
 
 

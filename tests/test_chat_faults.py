@@ -330,11 +330,14 @@ def test_an_empty_reply_after_passages_is_left_to_the_controller(server):
     assert segment.text == "" and segment.finish_reason == "end_of_turn"
 
 
-def test_a_segment_set_aside_leaves_no_empty_turn_and_roles_alternate():
+def test_a_segment_set_aside_leaves_an_empty_turn_and_roles_alternate():
     head = render_markup([{"role": "user", "content": "Q?"}], True)
     block = "\ue002" + render_markup([{"role": "user", "content": "Passages."}], True)
     assert messages_of([Piece(head), Piece(block, role="passages")]) == [
-        {"role": "user", "content": "Q?\n\nPassages."}, {"role": "assistant", "content": ""}]
+        {"role": "user", "content": "Q?"}, {"role": "assistant", "content": ""},
+        {"role": "user", "content": "Passages."}, {"role": "assistant", "content": ""}]
+    two = render_markup([{"role": "user", "content": "A"}, {"role": "user", "content": "B"}], True)
+    assert messages_of([Piece(two)])[0] == {"role": "user", "content": "A\n\nB"}
 
 
 def test_rigkit_eval_answers_through_a_chat_server_with_several_loops_at_once(server, tmp_path):

@@ -98,13 +98,12 @@ def messages_of(prompt: Sequence[Piece]) -> list[dict[str, str]]:
 
 
 def _alternating(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """An empty assistant turn before the last (a segment set aside for passages) is left out, and
-    two turns of one role in a row become one: some templates require roles to alternate."""
-    kept = [m for i, m in enumerate(messages)
-            if m["content"] or m["role"] != "assistant" or i == len(messages) - 1]
+    """Two turns of one role in a row become one: some templates require roles to alternate. (An
+    empty assistant turn, a segment set aside for passages, stays: the completions backend's
+    transcript has it too, so both send the model the same conversation.)"""
     out: list[dict[str, str]] = []
-    for m in kept:
-        if out and out[-1]["role"] == m["role"] and m is not kept[-1]:
+    for m in messages:
+        if out and out[-1]["role"] == m["role"] and m is not messages[-1]:
             out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n\n" + m["content"]}
         else:
             out.append(dict(m))
