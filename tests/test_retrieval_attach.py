@@ -176,8 +176,11 @@ def test_filters_score_every_passage_from_the_mapped_vectors(tmp_path):
 
 
 def test_a_wrong_recipe_shows_in_the_agreement_check(pair, tmp_path, caplog):
+    with pytest.raises(InputError, match="reach only cosine .* another encoder.*--force attaches anyway"):
+        AttachedIndex.attach(*pair, tmp_path / "out", "e5", embedder=StubEncoder(passage_prefix="passage: "))
     with caplog.at_level(logging.WARNING, logger="rigkit"):
-        index = AttachedIndex.attach(*pair, tmp_path / "out", "e5", embedder=StubEncoder(passage_prefix="passage: "))
+        index = AttachedIndex.attach(*pair, tmp_path / "out", "e5", embedder=StubEncoder(passage_prefix="passage: "),
+                                     force=True)
     assert index.manifest["check"]["min_cosine"] < 0.9
     assert "check --encoder, --pooling and --passage-prefix" in caplog.text
 
@@ -402,3 +405,18 @@ def test_rigkit_serve_index_serves_an_attached_index_in_one_command(flashrag_pai
         proc.terminate()
         proc.wait(hang_limit(30))
     assert "mode hybrid runs as dense" in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_corpus_in_another_order_than_the_vectors_is_refused_unless_forced(flashrag_pair, tmp_path, cli):
+    """FlashRAG's own index over the corpus, attached to the same lines in reverse order."""
+    index, corpus, model, _ = flashrag_pair
+    reordered = tmp_path / "reordered.jsonl"
+    reordered.write_text("".join(reversed(corpus.read_text().splitlines(keepends=True))))
+    args = ["index", "attach", "--faiss", str(index), "--corpus", str(reordered), "--encoder", model,
+            "--query-prefix", "query: ", "--passage-prefix", "passage: ", "--out", str(tmp_path / "wrong")]
+    run = cli(*args)
+    assert run.returncode == 2 and "in another order than the index" in run.stderr, run.stderr
+    assert not (tmp_path / "wrong").exists()
+    forced = cli(*args, "--force")
+    assert forced.returncode == 0 and "--force" in forced.stderr, forced.stderr

@@ -84,6 +84,8 @@ def _add_attach(actions) -> None:
                         help="query tokens kept (default 128, FlashRAG's; Search-R1's server uses 256)")
     attach.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
     attach.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    attach.add_argument("--force", action="store_true",
+                        help="attach even when the check finds rows that do not match their vectors")
     attach.set_defaults(func=_attach)
 
 
@@ -200,7 +202,7 @@ def _attach(args: argparse.Namespace) -> int:
     _setup_logging()
     index = AttachedIndex.attach(args.faiss, args.corpus, args.out, args.encoder, args.query_prefix,
                                  args.passage_prefix, args.pooling, args.query_max_length,
-                                 progress=not args.no_progress and sys.stderr.isatty())
+                                 progress=not args.no_progress and sys.stderr.isatty(), force=args.force)
     m, e = index.manifest, index.manifest["encoder"]
     check = m["check"]
     agreement = (f"passages 1-{check['rows']} re-embedded: cosine >= {check['min_cosine']:.4f} to their vectors"

@@ -56,6 +56,9 @@ ATTACHED = "attached"  # the manifest's `kind`
 SAMPLE_BYTES = 1 << 20  # hashed from each end of a referenced file, at attach and at every load
 CHECK_ROWS = 8  # passages re-embedded at attach and compared with their stored vectors
 CHECK_COSINE = 0.99  # below this, the encoder recipe is probably not the one the index was built with
+# below this, the vectors are not these passages' (another row order, another corpus or encoder):
+# a recipe detail (pooling, prefix) leaves a real encoder's vectors well above it
+MISMATCH_COSINE = 0.5
 FULL_SCORES_BYTES = 1 << 30  # a non-flat index rebuilds all its vectors for exact scores only up to this
 
 
@@ -173,11 +176,13 @@ class AttachedIndex(Index):
         query_max_length: int = QUERY_MAX_LENGTH,
         progress: bool = False,
         embedder: Any = None,
+        force: bool = False,
     ) -> AttachedIndex:
         """Reference `faiss_path` and `corpus` from a new index folder `out` (replaced atomically).
 
         Prefixes and pooling left at None follow FlashRAG's rules for the encoder's name
-        (`rigkit.retrieval.pooled`). `embedder` replaces the `PooledEncoder` (tests)."""
+        (`rigkit.retrieval.pooled`). `embedder` replaces the `PooledEncoder` (tests). A check that
+        finds rows that do not match their vectors refuses, unless `force`."""
         from rigkit import __version__
         from rigkit.embeddings import resolve_model_path
 
@@ -227,6 +232,7 @@ class AttachedIndex(Index):
         t = time.perf_counter()
         check = _agreement(faiss_index, passages, embedder)
         timings["check_s"] = time.perf_counter() - t
+        _refuse_mismatch(check, faiss_path, corpus, force)
         if check.get("min_cosine", 1.0) < CHECK_COSINE:
             log.warning("%s: the first %d passages embedded by %s (pooling %s, passage prefix %r) reach only "
                         "cosine %.3f to their stored vectors: check --encoder, --pooling and --passage-prefix",
@@ -359,6 +365,32 @@ def _agreement(faiss_index, passages: LinePassages, embedder) -> dict[str, Any]:
         texts.append(row.get("contents") if isinstance(row.get("contents"), str) else str(row.get("text")))
     vectors = np.asarray(embedder.encode(texts, prompt_name="document", max_length=PASSAGE_MAX_LENGTH),
                          dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(stored, axis=1)
-    cosine = np.sum(vectors * stored, axis=1) / np.maximum(norms, 1e-12)
-    return {"rows": rows, "min_cosine": round(float(cosine.min()), 6)}
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    stored_unit = stored / np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
+    matrix = unit @ stored_unit.T  # (rows, rows): line i re-embedded against vector j
+    cosine = np.diag(matrix)
+    check: dict[str, Any] = {"rows": rows, "min_cosine": round(float(cosine.min()), 6)}
+    best = matrix.argmax(axis=1)
+    moved = [[i, int(j)] for i, j in enumerate(best) if j != i and matrix[i, j] >= CHECK_COSINE]
+    if moved:
+        check["misplaced"] = moved  # [line, the vector row it matches]
+    return check
+
+
+def _refuse_mismatch(check: dict[str, Any], faiss_path: Path, corpus: Path, force: bool) -> None:
+    """Refuse a corpus whose rows are not the index's (unless `force`): the searches would
+    return other passages than the vectors matched."""
+    moved, low = check.get("misplaced"), check.get("min_cosine", 1.0) < MISMATCH_COSINE
+    if not (moved or low) or force:
+        if moved or low:
+            log.warning("%s: attached with --force although its rows do not match %s", corpus, faiss_path)
+        return
+    if moved:
+        line, row = moved[0]
+        why = (f"line {line + 1} of {corpus} matches vector {row} of {faiss_path}, not vector {line}: "
+               "the corpus is in another order than the index")
+    else:
+        why = (f"the first {check['rows']} passages of {corpus} reach only cosine {check['min_cosine']:.3f} "
+               f"to their vectors in {faiss_path}: another corpus, another row order, or another encoder")
+    raise InputError(f"{why}; row i of the index must be line i of the corpus it was built from "
+                     "(--force attaches anyway)")
