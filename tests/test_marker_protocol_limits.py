@@ -25,8 +25,14 @@ from rigkit.markers.protocol import MAX_TAG_CHARS
          "open and results_open tags must differ"),  # tags are matched regardless of case
         ("name: q\nopen: '.'\n", "open '.' holds no letter or digit"),
         ("name: q\nopen: '<q>'\nclose: '<>'\n", "close '<>' holds no letter or digit"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{text:>100000000}'\n",
+         "has a width of 100000000; at most 1000"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{text:>{index}}'\n", "from another field"),
+        ("name: q\nopen: '<q>'\n  close: '</q>'\n", "bad.yaml:3: not valid YAML"),
+        ("name: q\nopen: '<q>'\nstrip: ['a'\n", "bad.yaml:4: not valid YAML"),
     ],
-    ids=["huge-tag", "empty-strip", "blank-strip", "long-strip", "answer-is-search", "case-only", "dot", "no-letter"],
+    ids=["huge-tag", "empty-strip", "blank-strip", "long-strip", "answer-is-search", "case-only", "dot", "no-letter",
+         "huge-width", "nested-width", "yaml-indent", "yaml-unclosed"],
 )
 def test_protocol_files_that_would_break_a_run_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.yaml"
@@ -58,3 +64,14 @@ def test_cli_refuses_an_empty_strip_entry_before_loading_a_model(tmp_path, capsy
     assert main(["ask", "Who?", "--marker-protocol", str(path)]) == 2
     err = capsys.readouterr().err
     assert "strip[0] is empty" in err and err.count("\n") == 1
+
+
+def test_a_malformed_json_or_non_utf8_protocol_file_names_the_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"name": "q",\n "open": "<q>",\n}', encoding="utf-8")
+    with pytest.raises(MarkerProtocolError, match=r"bad.json:3: not valid JSON"):
+        resolve_protocol(str(path))
+    binary = tmp_path / "bad.yaml"
+    binary.write_bytes(b"name: q\nopen: '\xff'\n")
+    with pytest.raises(MarkerProtocolError, match=r"bad.yaml: not UTF-8 text \(byte 16\)"):
+        resolve_protocol(str(binary))

@@ -96,6 +96,10 @@ def run_serve(args: argparse.Namespace) -> int:
         from rigkit.serve.shutdown import draining_server
     except ImportError as err:
         raise InputError(f"rigkit serve needs the serve extra: pip install 'rigkit[serve]' ({err})") from err
+    from rigkit.serve.options import check_not_own_retriever, check_serve_options
+
+    check_serve_options(port=args.port, max_body_bytes=args.max_body_bytes, max_queue=args.max_queue,
+                        tool_result_tokens=args.tool_result_tokens)
     api_key = None
     if args.server_key_env:
         api_key = os.environ.get(args.server_key_env)
@@ -104,11 +108,13 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         exposure = Exposure(bind=args.host, hosts=tuple(args.allow_host), origins=tuple(args.allow_origin))
     except ValueError as err:
-        raise InputError(f"--allow-origin: {err}") from err
+        raise InputError(str(err)) from err
     if not is_loopback(args.host):
         _warn_wide_bind(exposure, api_key is not None)
     _access_log(args.access_log)
     config = _config(args)  # a bad --config or --set is refused before anything loads
+    retrieval = config.retrieval
+    check_not_own_retriever([retrieval.index, *(s.index for s in retrieval.sources)], args.host, args.port)
     print(f"loading {config.generator.model} and the index...", file=sys.stderr)
     service = _service(args, config=config)
     app = create_app(service, api_key=api_key, max_body_bytes=args.max_body_bytes, mcp=not args.no_mcp,

@@ -154,11 +154,31 @@ def _check(p: MarkerProtocol) -> None:
     if bool(p.answer_open) != bool(p.answer_close):
         raise MarkerProtocolError("answer_open and answer_close go together")
     try:
+        _check_widths(p.passage_format)
         p.passage_format.format(**_PASSAGE_FIELDS)
     except (KeyError, IndexError, ValueError) as err:
         raise MarkerProtocolError(
             f"passage_format {p.passage_format!r} is not a format with fields index, id, title, text ({err})"
         ) from None
+
+
+MAX_FIELD_WIDTH = 1000  # a passage_format field's width or precision: padding beyond it only wastes context
+
+
+def _check_widths(template: str) -> None:
+    """Refuse a field width or precision over `MAX_FIELD_WIDTH` (`{text:>100000000}` would pad every
+    passage to 100 MB) and widths taken from other fields."""
+    import string
+
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is None or not spec:
+            continue
+        if "{" in spec:
+            raise ValueError(f"the field {{{field}:{spec}}} takes its format from another field")
+        for number in re.findall(r"\d+", spec):
+            if int(number) > MAX_FIELD_WIDTH:
+                raise ValueError(f"the field {{{field}:{spec}}} has a width of {int(number)}; "
+                                 f"at most {MAX_FIELD_WIDTH}")
 
 
 def _check_tag_texts(p: MarkerProtocol) -> None:
@@ -255,12 +275,21 @@ def load_protocol(path: str | Path) -> MarkerProtocol:
     path = Path(path)
     if not path.is_file():
         raise MarkerProtocolError(f"marker protocol file not found: {path}")
-    text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise MarkerProtocolError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {first}") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise MarkerProtocolError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+    try:
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise MarkerProtocolError(f"{path}:{err.lineno}: not valid JSON: {err.msg} (column {err.colno})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+        context = getattr(err, "context", None)
+        raise MarkerProtocolError(f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")) from None
     return MarkerProtocol.from_dict(data, where=str(path))
 
 

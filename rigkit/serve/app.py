@@ -55,6 +55,9 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
     `exposure` says which `Host` names and browser origins are served (default: those of the
     bind address `host`, no other origin); it guards every route, `/mcp` and `/openapi.json` too.
     """
+    from rigkit.serve.options import check_serve_options
+
+    check_serve_options(max_body_bytes=max_body_bytes)
     exposure = exposure or Exposure(bind=host)
     mcp_server = None
     if mcp:

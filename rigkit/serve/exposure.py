@@ -83,11 +83,14 @@ class Exposure:
     def __post_init__(self) -> None:
         # browsers send origins lower-case and without a trailing slash
         object.__setattr__(self, "origins", tuple(o.strip().rstrip("/").lower() for o in self.origins))
+        from rigkit.serve.options import check_host_name
+
+        object.__setattr__(self, "hosts", tuple(check_host_name(h) for h in self.hosts))
         for origin in self.origins:
             parts = urlsplit(origin)
             if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc
                                   or parts.path not in ("", "/")):
-                raise ValueError(f"allowed origin {origin!r}: give scheme://host[:port], "
+                raise ValueError(f"--allow-origin {origin!r}: give scheme://host[:port], "
                                  "e.g. http://localhost:3000 (or * for any)")
 
     @property

@@ -119,6 +119,9 @@ class RigService:
         `generator_factory` (default: built from the config), made when that worker first runs."""
         self.config = config
         from rigkit.build import build_generator, build_retriever, default_concurrency
+        from rigkit.serve.options import check_serve_options
+
+        check_serve_options(max_queue=max_queue, workers=workers, tool_result_tokens=tool_result_tokens)
 
         workers = default_concurrency(config.generator) if workers is None else workers
         if generator is not None and generator_factory is None and workers > 1:
