@@ -73,5 +73,5 @@ def test_a_malformed_json_or_non_utf8_protocol_file_names_the_line(tmp_path):
         resolve_protocol(str(path))
     binary = tmp_path / "bad.yaml"
     binary.write_bytes(b"name: q\nopen: '\xff'\n")
-    with pytest.raises(MarkerProtocolError, match=r"bad.yaml: not UTF-8 text \(byte 16\)"):
+    with pytest.raises(MarkerProtocolError, match=r"bad.yaml: not UTF-8 text \(byte 15\)"):
         resolve_protocol(str(binary))
