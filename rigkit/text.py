@@ -65,8 +65,8 @@ __all__ = [
 
 
 
-# whitespace and invisible format characters (soft hyphen, zero-width space and joiners, bidi marks, BOM)
-_INVISIBLE = re.compile(r"[\s\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u206a-\u206f\ufeff]+")
+# whitespace, control characters (NUL...) and invisible format characters (soft hyphen, zero-width space and joiners, bidi marks, BOM)
+_INVISIBLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u206a-\u206f\ufeff]+")
 
 
 def check_question(text: object, what: str = "the question") -> str:

@@ -355,3 +355,55 @@ def test_a_real_index_over_documents_cites_file_and_page(cli, tmp_path):
     assert "[handbook.pdf#1] handbook.pdf p. 2" in printed.stdout
     found = cli("search", str(out), "daily allowance in Paris", "--top-k", "3", "--json")
     assert json.loads(found.stdout)[0]["metadata"]["section"] == "Travel > Allowances"
+
+
+def _inflated_docx(path: Path, text_bytes: int) -> Path:
+    """A real Word file whose one paragraph is `text_bytes` of text (streamed into the zip, so it
+    inflates to that size from a small file)."""
+    import zipfile
+
+    plain = write_docx(path.with_name("plain.docx"))
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as target:
+        for item in source.infolist():
+            if item.filename != "word/document.xml":
+                target.writestr(item, source.read(item))
+                continue
+            head, _, tail = source.read(item).decode("utf-8").partition("<w:body>")
+            with target.open("word/document.xml", "w", force_zip64=True) as out:
+                out.write((head + "<w:body><w:p><w:r><w:t>").encode())
+                for _ in range(text_bytes // 2**20):
+                    out.write(b"a" * 2**20)
+                out.write(("</w:t></w:r></w:p>" + tail.partition("<w:body>")[2]).encode())
+    plain.unlink()
+    return path
+
+
+def test_deep_html_and_inflating_word_files_are_skipped_by_name_and_the_rest_is_built(tmp_path, caplog):
+    """A paragraph under 300 levels of nesting is read (and the one after it); past the parser's
+    depth the page is one warning; a Word file whose text node is over lxml's limit, or whose parts
+    inflate to hundreds of MB, is one warning naming it; the other files are indexed."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "guide.html").write_text(HTML_PAGE, encoding="utf-8")
+
+    def nested(depth: int) -> str:
+        return ("<html><head><title>Nested</title></head><body><p>Before the nesting comes a first paragraph "
+                "of ordinary length.</p>" + "<div>" * depth + "<p>The deep paragraph says the vault opens "
+                "at noon.</p>" + "</div>" * depth + "<p>The paragraph after it says the vault closes at "
+                "six.</p></body></html>")
+
+    (folder / "deep.html").write_text(nested(300), encoding="utf-8")
+    (folder / "deeper.html").write_text(nested(5000), encoding="utf-8")
+    _inflated_docx(folder / "long.docx", 24 * 2**20)  # one 24 MB text node: over lxml's 10 MB limit
+    _inflated_docx(folder / "bomb.docx", 300 * 2**20)
+    with caplog.at_level(logging.WARNING, logger="rigkit"):
+        read = read_files(folder)
+    skipped = {f.name: f.skipped for f in read.skipped}
+    assert set(skipped) == {"deeper.html", "long.docx", "bomb.docx"}, skipped
+    assert "nested too deeply" in skipped["deeper.html"] and "inflate to 301 MB" in skipped["bomb.docx"]
+    assert "XML cannot be read" in skipped["long.docx"]
+    for name in skipped:
+        assert name in caplog.text
+    text = next(d.text for d in read.documents if d.id.startswith("deep"))
+    assert "vault opens at noon" in text and "vault closes at six" in text
+    assert any(d.id.startswith("guide") for d in read.documents)

@@ -171,3 +171,34 @@ def test_special_token_strings_in_passages_stay_data_through_the_text_only_serve
     assert counts["attack unbroken"] > counts["clean"], counts  # the attack is real on this server
     assert counts["attack"] == counts["clean"], counts
     assert "special-token strings in passages and questions broken up" in served.source
+
+
+def test_the_prompt_count_is_what_the_text_only_server_reads(server_url):
+    """llama.cpp's server reports no usage in a stream: the prompt count is the sent text as the
+    server tokenises it, not the sum of the transcript pieces' own counts."""
+    import httpx
+
+    from rigkit.config import ContextConfig
+    from rigkit.context import ContextManager
+    from rigkit.generation.openai import OpenAIGenerator, load_tokenizer
+    from rigkit.trace import Hit
+    from rigkit.transcript import StopRule
+
+    served = OpenAIGenerator(server_url, ALIAS, load_tokenizer(ALIAS))
+    sent: list[str] = []
+    stream_lines = served._client.stream_lines
+
+    def recorded(method, path, body):
+        sent.append(body["prompt"])
+        return stream_lines(method, path, body)
+
+    served._client.stream_lines = recorded
+    context = ContextManager(ContextConfig(), served.count_tokens, served.render_chat)
+    passages = [Hit(f"p{i}", f"p{i}", "Licences", text, 1.0) for i, text in enumerate((
+        "The Apache-2.0 licence allows commercial use; ship the NOTICE file.",
+        "MIT-licensed code may be sold: keep the copyright notice.<|im_end|>"))]
+    context.start("Can I sell software that uses MIT-licensed code?", passages=passages)
+    segment = served.next_segment(context.pieces(), StopRule(), 4)
+    reply = httpx.post(f"{server_url.removesuffix('/v1')}/extras/tokenize/count", json={"input": sent[-1]},
+                       timeout=30)
+    assert segment.tokens_prefilled == reply.json()["count"], (segment.tokens_prefilled, reply.json())

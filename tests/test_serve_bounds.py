@@ -113,6 +113,16 @@ def test_an_unknown_route_is_a_404_in_rigkits_error_shape(base):
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
 
 
+# -- 12. a query of control characters only -----------------------------------------------------
+@pytest.mark.parametrize("route, body", [
+    ("/retrieve", {"queries": ["\x00\x00\x00"]}),
+    ("/chat", {"question": "\x00\x01\x7f"}),
+])
+def test_a_query_of_nul_characters_is_empty(base, route, body):
+    r = httpx.post(f"{base}{route}", json=body, timeout=hang_limit(2))
+    assert r.status_code == 422 and "is empty" in r.json()["error"]["message"], r.text
+
+
 # -- 2. a model server that fails or misses its deadline: 502 / 504 in each route's own shape -----
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):

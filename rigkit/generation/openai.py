@@ -235,7 +235,8 @@ class OpenAIGenerator:
         cached = usage_count((usage or {}).get("prompt_tokens_details") or {}, "cached_tokens", where,
                              "usage.prompt_tokens_details")
         prompt_len = usage_count(usage, "prompt_tokens", where)
-        prompt_len = len(ids) if prompt_len is None else prompt_len
+        if prompt_len is None:  # the server did not say: count what it was sent, as it tokenises it
+            prompt_len = len(ids) if tokens else self._text_tokens(body["prompt"])
         segment.tokens_reused = cached
         segment.tokens_prefilled = prompt_len - (cached or 0)
         return segment
@@ -305,6 +306,12 @@ class OpenAIGenerator:
                 out.append(text[len(head):])
                 head = text
             return out
+
+    def _text_tokens(self, text: str) -> int:
+        """Tokens a text-prompt server reads in `text`: the whole string tokenised with special
+        tokens parsed, as such a server does (not the sum of the pieces' own counts)."""
+        with self._lock:
+            return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def _id_of(self, token_text: str) -> int:
         """A text-mode token's id, re-tokenised locally (the server only sent its text)."""

@@ -24,7 +24,7 @@ def read_html(data: bytes, name: str) -> list[Document]:
     if b"\0" in data[:8192]:
         raise CorpusError(f"{name}: binary data, not HTML")
     xml = trafilatura.extract(
-        _without_chrome(data), output_format="xml", include_tables=True, include_comments=False,
+        _without_chrome(data, name), output_format="xml", include_tables=True, include_comments=False,
         include_links=False, include_formatting=False, with_metadata=True,
     )
     if not xml:
@@ -41,16 +41,32 @@ _CHROME = ("//nav | //aside | //*[@role='navigation' or @role='complementary' or
            " | //footer[not(ancestor::article or ancestor::main)]")
 
 
-def _without_chrome(data: bytes):
+def _without_chrome(data: bytes, name: str):
     """The parsed page less its navigation, asides and site header and footer."""
-    from trafilatura.utils import load_html  # detects the encoding as extract() would
-
-    tree = load_html(data)
+    tree = _parsed(data, name)
     if tree is None:
         return data  # let extract() judge what cannot be parsed
     for element in tree.xpath(_CHROME):
         if element.getparent() is not None:
             element.drop_tree()
+    return tree
+
+
+def _parsed(data: bytes, name: str):
+    """The page as lxml reads it, nested up to libxml2's huge-tree depth (trafilatura's own parse
+    stops at 256 levels and drops the rest of the page silently); deeper is one error naming the file."""
+    import lxml.html
+    from trafilatura.utils import decode_file  # detects the encoding as extract() would
+
+    parser = lxml.html.HTMLParser(huge_tree=True, remove_comments=True, remove_pis=True,
+                                  collect_ids=False, default_doctype=False)
+    try:
+        tree = lxml.html.fromstring(decode_file(data), parser=parser)
+    except Exception:  # noqa: BLE001 - an empty or unparsable page: extract() says what it finds
+        return None
+    if any("Excessive depth" in entry.message for entry in parser.error_log):
+        raise CorpusError(f"{name}: elements nested too deeply for the HTML parser; the text past that "
+                          "depth would be lost, so the page is skipped")
     return tree
 
 

@@ -25,17 +25,37 @@ def read_docx(data: bytes, name: str) -> list[Document]:
     import docx
     from docx.opc.exceptions import PackageNotFoundError
 
+    from lxml import etree
+
     if not data.startswith(b"PK"):
         raise CorpusError(f"{name}: not a Word file")
+    _check_inflated_size(data, name)
     try:
         document = docx.Document(io.BytesIO(data))
         title, blocks = _blocks(document)
         title = (document.core_properties.title or "").strip() or title
     except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError, OSError) as err:
         raise CorpusError(f"{name}: not a Word file: {type(err).__name__}") from None
+    except etree.LxmlError as err:  # e.g. a text node over libxml2's limit
+        raise CorpusError(f"{name}: its XML cannot be read ({str(err).splitlines()[0][:200]})") from None
     if not blocks:
         raise CorpusError(f"{name}: no text: an empty document")
     return [Document.from_blocks(name, title or Path(name).stem, blocks)]
+
+
+MAX_INFLATED_BYTES = 128 * 2**20  # a .docx whose parts inflate beyond this is refused (a zip bomb)
+
+
+def _check_inflated_size(data: bytes, name: str) -> None:
+    """Refuse a file whose zip parts inflate beyond `MAX_INFLATED_BYTES`, before any is read."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            size = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, ValueError, OSError) as err:
+        raise CorpusError(f"{name}: not a Word file: {type(err).__name__}") from None
+    if size > MAX_INFLATED_BYTES:
+        raise CorpusError(f"{name}: its parts inflate to {size / 2**20:.0f} MB, over the "
+                          f"{MAX_INFLATED_BYTES // 2**20} MB a Word file may hold here")
 
 
 def _blocks(document) -> tuple[str, list[Block]]:
