@@ -62,3 +62,39 @@ def test_the_adapter_folder_loads_as_the_base_plus_the_adapter():
 
     generator = load_generator(str(SHIPPED))
     assert generator.source.endswith("+ LoRA smollm2-135m-instruct-markers")
+
+
+def _one_error(done) -> str:
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rigkit: error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    return errors[0]
+
+
+def test_an_adapter_whose_base_is_itself_or_no_model_is_one_line_before_loading(tmp_path, cli):
+    itself = _retrained(tmp_path, str(tmp_path / "adapter"))
+    line = _one_error(cli("ask", "What?", "--model", str(itself)))
+    assert "(the adapter itself)" in line and "not a model folder" in line
+    (tmp_path / "empty").mkdir()
+    other = tmp_path / "other"
+    shutil.copytree(itself, other)
+    config = json.loads((other / "adapter_config.json").read_text())
+    (other / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(tmp_path / "empty")}))
+    done = cli("ask", "What?", "--model", str(other))
+    assert "is not a model folder: missing config.json" in _one_error(done) and "loading" not in done.stderr
+
+
+def test_serve_refuses_a_model_folder_without_weights_before_loading(tmp_path, cli):
+    (tmp_path / "config.json").write_text("{}")
+    line = _one_error(cli("serve", "--model", str(tmp_path)))
+    assert "is not a model folder: missing weights" in line
+
+
+@pytest.mark.slow
+def test_damaged_adapter_files_are_one_line_naming_the_adapter(tmp_path, cli):
+    folder = tmp_path / "adapter"
+    shutil.copytree(SHIPPED, folder)
+    weights = folder / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut short
+    line = _one_error(cli("ask", "What?", "--model", str(folder), "--decider", "never"))
+    assert f"the adapter {folder} cannot be loaded onto smollm2-135m-instruct" in line

@@ -111,6 +111,7 @@ def check_model_path(spec: str | None) -> None:
 
     from rigkit.errors import InputError
     from rigkit.generation.adapters import adapter_spec, is_adapter_dir
+    from rigkit.generation.loading import model_folder_problem
 
     if spec and ("+" in spec or is_adapter_dir(spec)):
         if adapter_spec(spec) is not None:  # refuses an unknown adapter or another base here
@@ -120,15 +121,9 @@ def check_model_path(spec: str | None) -> None:
     folder = Path(spec)
     if not folder.is_dir():
         raise InputError(f"--model {spec}: not a folder (expected a transformers model folder)")
-    missing = [] if (folder / "config.json").exists() else ["config.json"]
-    weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin"), *folder.glob("*.gguf")]
-    if not weights:
-        missing.append("weights (*.safetensors or *.bin)")
-    if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json",
-                                                "tokenizer.model", "vocab.json")):
-        missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
-    if missing and not any(folder.glob("*.gguf")):
-        raise InputError(f"--model {spec} is not a model folder: missing {', '.join(missing)}")
+    problem = model_folder_problem(folder)
+    if problem:
+        raise InputError(f"--model {spec} is not a model folder: {problem}")
 
 
 def check_out(path: str, kind: str = "folder") -> None:

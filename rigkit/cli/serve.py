@@ -112,6 +112,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if not is_loopback(args.host):
         _warn_wide_bind(exposure, api_key is not None)
     _access_log(args.access_log)
+    from rigkit.cli import check_model_path
+
+    check_model_path(args.model)
     config = _config(args)  # a bad --config or --set is refused before anything loads
     retrieval = config.retrieval
     check_not_own_retriever([retrieval.index, *(s.index for s in retrieval.sources)], args.host, args.port)

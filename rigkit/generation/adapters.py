@@ -78,6 +78,7 @@ def adapter_spec(spec: str) -> tuple[str, Path] | None:
         base = adapter_base(path)
         if not base:
             raise ModelNotFoundError(f"{path}/{_CONFIG} names no base model; use BASE+{path}")
+        _check_base(base, path)
         return base, path
     if "+" not in spec:
         return None
@@ -90,11 +91,30 @@ def adapter_spec(spec: str) -> tuple[str, Path] | None:
                     f"the adapter {candidate} was trained on {trained_on!r}, not on {base!r}: load it as "
                     f"{trained_on}+{name} (or give the folder alone)"
                 )
+            _check_base(base, candidate)
             return base, candidate
     known = ", ".join(shipped_adapters()) or "none"
     raise ModelNotFoundError(
         f"adapter {name!r} for {base!r} not found (shipped: {known}); give a folder with {_CONFIG}"
     )
+
+
+def _check_base(base: str, adapter: Path) -> None:
+    """The base of `adapter`, when a local folder, must be a model folder (not an adapter: that
+    one would name a base again, or itself)."""
+    from rigkit.generation.loading import model_folder_problem
+
+    folder = Path(base).expanduser()
+    if not folder.exists():
+        return  # a hub id or the default short name: the loader says when it cannot load it
+    if _is_adapter_dir(folder):
+        itself = " (the adapter itself)" if folder.resolve() == adapter.resolve() else ""
+        raise InputError(f"the adapter {adapter} names {base}{itself} as its base model, which is an adapter "
+                         "folder, not a model folder: name the base model's folder or hub id")
+    problem = model_folder_problem(folder)
+    if problem:
+        raise InputError(f"the adapter {adapter} names {base} as its base model, which is not a model "
+                         f"folder: {problem}")
 
 
 def load_with_adapter(
@@ -104,6 +124,11 @@ def load_with_adapter(
     from peft import PeftModel  # imported only when an adapter is asked for
 
     model, tokenizer, source = load_base(base)
-    tuned = PeftModel.from_pretrained(model, str(adapter_dir))
+    try:
+        tuned = PeftModel.from_pretrained(model, str(adapter_dir))
+    except Exception as err:  # noqa: BLE001 - safetensors, size mismatches, bad config values: one line
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise InputError(f"the adapter {adapter_dir} cannot be loaded onto {base}: its files are damaged or "
+                         f"made for another model ({type(err).__name__}: {first})") from None
     merged = tuned.merge_and_unload()
     return merged.eval(), tokenizer, f"{source} + LoRA {adapter_dir.name}"

@@ -156,6 +156,9 @@ def _load_model(spec: str, place: Placement) -> tuple[Any, Any, str]:
     if adapter is not None:
         return load_with_adapter(*adapter, lambda base: _load_model(base, place))
     if Path(spec).expanduser().exists():
+        problem = model_folder_problem(Path(spec).expanduser())
+        if problem:
+            raise ModelNotFoundError(f"model {spec} is not a model folder: {problem}")
         return (*_from_pretrained(str(Path(spec).expanduser()), place), "local")
     try:
         return (*_from_pretrained(spec, place), "hub")
@@ -164,6 +167,21 @@ def _load_model(spec: str, place: Placement) -> tuple[Any, Any, str]:
             f"model {spec!r} is neither a local path nor a loadable hub id ({err.__class__.__name__}); "
             f"offline, use the default {DEFAULT_MODEL!r} (install: {INSTALL_HINT})"
         ) from None
+
+
+def model_folder_problem(folder: Path) -> str | None:
+    """What a local model folder lacks (config, weights, tokenizer), or None when it looks loadable."""
+    if not folder.is_dir():
+        return "not a folder (expected a transformers model folder)"
+    if any(folder.glob("*.gguf")):
+        return None
+    missing = [] if (folder / "config.json").exists() else ["config.json"]
+    if not [*folder.glob("*.safetensors"), *folder.glob("*.bin")]:
+        missing.append("weights (*.safetensors or *.bin)")
+    if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json",
+                                                "tokenizer.model", "vocab.json")):
+        missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
+    return f"missing {', '.join(missing)}" if missing else None
 
 
 def _load_default(place: Placement) -> tuple[Any, Any, str]:
