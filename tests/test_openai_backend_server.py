@@ -175,7 +175,9 @@ def test_special_token_strings_in_passages_stay_data_through_the_text_only_serve
 
 def test_the_prompt_count_is_what_the_text_only_server_reads(server_url):
     """llama.cpp's server reports no usage in a stream: the prompt count is the sent text as the
-    server tokenises it, not the sum of the transcript pieces' own counts."""
+    server tokenises it (its own `/extras/tokenize/count`), not the sum of the transcript pieces'
+    own counts. The prompt goes to the real server's tokenizer; the completion is one scripted
+    token, so the count does not depend on the server generating."""
     import httpx
 
     from rigkit.config import ContextConfig
@@ -186,11 +188,12 @@ def test_the_prompt_count_is_what_the_text_only_server_reads(server_url):
 
     served = OpenAIGenerator(server_url, ALIAS, load_tokenizer(ALIAS))
     sent: list[str] = []
-    stream_lines = served._client.stream_lines
+    token = {"choices": [{"text": "Yes", "index": 0, "finish_reason": "stop", "logprobs": {
+        "tokens": ["Yes"], "token_logprobs": [-0.1], "top_logprobs": [{"Yes": -0.1}]}}]}
 
     def recorded(method, path, body):
         sent.append(body["prompt"])
-        return stream_lines(method, path, body)
+        yield from [f"data: {json.dumps(token)}", "", "data: [DONE]", ""]
 
     served._client.stream_lines = recorded
     context = ContextManager(ContextConfig(), served.count_tokens, served.render_chat)
@@ -201,4 +204,4 @@ def test_the_prompt_count_is_what_the_text_only_server_reads(server_url):
     segment = served.next_segment(context.pieces(), StopRule(), 4)
     reply = httpx.post(f"{server_url.removesuffix('/v1')}/extras/tokenize/count", json={"input": sent[-1]},
                        timeout=30)
-    assert segment.tokens_prefilled == reply.json()["count"], (segment.tokens_prefilled, reply.json())
+    assert segment.text == "Yes" and segment.tokens_prefilled == reply.json()["count"], reply.json()
