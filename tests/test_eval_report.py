@@ -131,3 +131,14 @@ def test_compared_runs_join_as_labelled_systems_paired_against_the_first(tmp_pat
     (elsewhere / "meta.json").write_text(json.dumps({**meta, "split": "test"}))
     with pytest.raises(InputError, match="not over the same questions.*split 'test' vs 'all'"):
         write_report(base, compare=[str(elsewhere)])
+
+
+def test_a_corrupt_meta_json_is_one_line_naming_it(tmp_path, capsys):
+    folder = tmp_path / "run"
+    _write(folder, _rows())
+    (folder / "meta.json").write_text('{"config": {"retrieval":\n  {"rerank": "upr"\n')  # cut off mid-write
+    assert main(["report", str(folder)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{folder / 'meta.json'}:3: not valid JSON" in lines[0], err
+    assert "Traceback" not in err and "JSONDecodeError" not in err

@@ -22,7 +22,7 @@ from typing import Any
 from rigkit.config import RunConfig, Setting, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
-from rigkit.eval.report import META_FILE, write_report
+from rigkit.eval.report import META_FILE, read_meta, write_report
 from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
 from rigkit.eval.systems import LAYOUTS, build_systems, load_parts, needs_gold, parse_systems
 from rigkit.files import atomic_write_text
@@ -77,7 +77,7 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     path = folder / META_FILE
     if not path.exists():
         return meta
-    old = json.loads(path.read_text(encoding="utf-8"))
+    old = read_meta(folder)
     for key in ("config", "qa", "split", "shard"):
         if old.get(key) != meta.get(key):
             raise InputError(

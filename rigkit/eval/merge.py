@@ -83,6 +83,8 @@ def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path], force: boo
 
 def _check_shards(folders: list[Path], out: Path, force: bool, meta_file: str) -> list[dict[str, Any]]:
     """The shards' meta.json contents, once they are known to belong together (else InputError)."""
+    from rigkit.eval.report import read_meta
+
     if len(folders) < 2:
         raise InputError("rigkit eval-merge: name two or more shard folders (one folder is already "
                          "an evaluation: `rigkit report` it)")
@@ -99,7 +101,7 @@ def _check_shards(folders: list[Path], out: Path, force: bool, meta_file: str) -
     for folder in folders:
         if not (folder / RESULTS_FILE).exists() or not (folder / meta_file).exists():
             raise InputError(f"{folder} is not a `rigkit eval` folder (no {RESULTS_FILE} / {meta_file})")
-        metas.append(json.loads((folder / meta_file).read_text(encoding="utf-8")))
+        metas.append(read_meta(folder))
     first = folders[0]
     for folder, meta in zip(folders[1:], metas[1:]):
         for key in _SAME_IN_EVERY_SHARD:

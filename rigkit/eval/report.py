@@ -35,7 +35,7 @@ from rigkit.eval.paired import PairedComparison, compare_systems, per_question, 
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
-__all__ = ["META_FILE", "load_run", "load_compared", "report_tables", "markdown_report", "report_figures",
+__all__ = ["META_FILE", "read_meta", "load_run", "load_compared", "report_tables", "markdown_report", "report_figures",
            "write_report", "markdown_table", "html_table"]
 
 META_FILE = "meta.json"
@@ -64,9 +64,23 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     folder = Path(run_dir)
     if not (folder / RESULTS_FILE).exists():
         raise InputError(f"{folder} holds no {RESULTS_FILE}: run `rigkit eval --out {folder}` first")
-    meta_path = folder / META_FILE
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+    meta = read_meta(folder) if (folder / META_FILE).exists() else {}
     return meta, read_results(folder)
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    """A run folder's meta.json; a damaged one is one InputError naming the file and the line."""
+    path = Path(folder) / META_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); the run's meta.json is damaged: "
+                         "restore it, or delete it and run `rigkit eval` into the folder again") from None
+    except (UnicodeDecodeError, OSError) as err:
+        raise InputError(f"{path}: cannot be read ({type(err).__name__})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: holds {type(meta).__name__}, not the object a run's meta.json is")
+    return meta
 
 
 def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
