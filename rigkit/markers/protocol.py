@@ -170,14 +170,14 @@ def _check_widths(template: str) -> None:
     passage to 100 MB) and widths taken from other fields."""
     import string
 
-    for _, field, spec, _ in string.Formatter().parse(template):
-        if field is None or not spec:
+    for _, name, spec, _ in string.Formatter().parse(template):
+        if name is None or not spec:
             continue
         if "{" in spec:
-            raise ValueError(f"the field {{{field}:{spec}}} takes its format from another field")
+            raise ValueError(f"the field {{{name}:{spec}}} takes its format from another field")
         for number in re.findall(r"\d+", spec):
             if int(number) > MAX_FIELD_WIDTH:
-                raise ValueError(f"the field {{{field}:{spec}}} has a width of {int(number)}; "
+                raise ValueError(f"the field {{{name}:{spec}}} has a width of {int(number)}; "
                                  f"at most {MAX_FIELD_WIDTH}")
 
 

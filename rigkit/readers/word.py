@@ -24,7 +24,6 @@ _HEADING_STYLE = re.compile(r"^Heading (\d)$")
 def read_docx(data: bytes, name: str) -> list[Document]:
     import docx
     from docx.opc.exceptions import PackageNotFoundError
-
     from lxml import etree
 
     if not data.startswith(b"PK"):
