@@ -13,7 +13,7 @@ import time
 from common import ROOT, parser  # (also puts the source tree on sys.path)
 
 from rigkit.config import RetrievalConfig
-from rigkit.retrieval import open_retriever
+from rigkit.build import build_retriever
 from rigkit.retrieval.remote import search_result
 from rigkit.serve.schemas import MAX_QUERIES
 from rigkit.serve.searcher import SharedSearcher
@@ -34,7 +34,7 @@ def _timed(searcher: SharedSearcher, queries: list[str], top_k: int) -> float:
 
 def main() -> None:
     parser(__doc__).parse_args()
-    searcher = SharedSearcher(open_retriever(RetrievalConfig()))
+    searcher = SharedSearcher(build_retriever(RetrievalConfig()))
     queries = _questions()
     _timed(searcher, queries[:2], 3)  # load the models and the index
     one = min(_timed(searcher, [q], 3) for q in queries[:3])
