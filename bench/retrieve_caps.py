@@ -12,8 +12,8 @@ import time
 
 from common import ROOT, parser  # (also puts the source tree on sys.path)
 
-from rigkit.config import RetrievalConfig
 from rigkit.build import build_retriever
+from rigkit.config import RetrievalConfig
 from rigkit.retrieval.remote import search_result
 from rigkit.serve.schemas import MAX_QUERIES
 from rigkit.serve.searcher import SharedSearcher
