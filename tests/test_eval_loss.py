@@ -179,3 +179,14 @@ def test_question_walk_lists_each_round_with_the_hops_it_found():
         ("rig:prob", None, True, ["hop 2"]), ("rig:prob", None, False, [])]
     answers = {a["system"]: a for a in answers_of(RAG + RIG, GOLD["a"])}
     assert answers["rag"]["fired_at_fact"] is None and answers["rig:prob"]["fired_at_fact"] is True
+
+
+def test_hop_two_by_question_type():
+    from rigkit.eval.hops import hop_type_table
+
+    rows = RAG + RIG + [{**RIG[0], "id": "e", "type": "compositional"}]
+    gold = {**GOLD, "e": _chain("e")}
+    header, body = hop_type_table(hop_records(rows, gold))
+    assert header == ["Type", "Questions", "rag", "rig:prob"]
+    # 2hop: rag finds hop 2 on b (1/4), rig on a and c (2/4); compositional: only rig's e (found)
+    assert body == [["2hop", "4", "0.250", "0.500"], ["compositional", "1", "–", "1.000"]]

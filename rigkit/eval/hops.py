@@ -24,7 +24,7 @@ from rigkit.eval.gold import GoldChain, pid_of
 from rigkit.eval.paired import Share, mcnemar_exact, paired_bootstrap, share_interval, wins_losses
 
 __all__ = ["Retrieval", "HopRecord", "retrievals_of", "hop_record", "hop_records", "hop_table",
-           "hop_rows"]
+           "hop_rows", "hop_type_table", "hop2_found"]
 
 
 @dataclass(frozen=True)
@@ -148,3 +148,19 @@ def hop2_found(records: Sequence[HopRecord]) -> dict[str, Share | None]:
     systems = dict.fromkeys(r.system for r in records)
     return {s: share_interval([float(bool(r.hop_found(2))) for r in records if r.system == s and r.hops >= 2])
             for s in systems}
+
+
+def hop_type_table(records: Sequence[HopRecord]) -> tuple[list[str], list[list[str]]]:
+    """Hop 2 found, per question type and system (share of that type's questions)."""
+    systems = list(dict.fromkeys(r.system for r in records))
+    types = sorted({r.type for r in records if r.hops >= 2})
+    header = ["Type", "Questions", *systems]
+    body = []
+    for qtype in types:
+        cells = []
+        for system in systems:
+            mine = [float(bool(r.hop_found(2))) for r in records if r.system == system and r.type == qtype and r.hops >= 2]
+            cells.append(f"{sum(mine) / len(mine):.3f}" if mine else "–")
+        questions = len({r.id for r in records if r.type == qtype and r.hops >= 2})
+        body.append([qtype, str(questions), *cells])
+    return header, body

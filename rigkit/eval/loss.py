@@ -26,7 +26,7 @@ from rigkit.eval.decisions import (
     need_labels,
 )
 from rigkit.eval.gold import GoldChain, load_gold
-from rigkit.eval.hops import hop_records, hop_table
+from rigkit.eval.hops import hop_records, hop_table, hop_type_table
 from rigkit.eval.paired import compare_systems, per_question, share_interval
 
 __all__ = ["COVER_EM_CAUTION", "gold_of", "ceiling_table", "loss_tables"]
@@ -104,4 +104,6 @@ def loss_tables(meta: Mapping[str, Any], rows: Sequence[dict[str, Any]], baselin
         records = [r for r in records if r.system in searching]
         if records:
             tables["Per-hop retrieval recall (hop order: the data's chain)"] = hop_table(records, baseline)
+            if len({r.type for r in records}) > 1:
+                tables["Hop 2 found, by question type"] = hop_type_table(records)
     return tables
