@@ -83,3 +83,4 @@ def test_ladder_cli_checks_specs_before_loading_a_model(tmp_path, capsys):
     code = main(["ladder", "--qa", str(_qa(tmp_path)), "--model", "a", "--model", "model=b,label=a",
                  "--out", str(tmp_path / "x")])
     assert code != 0 and "share a label" in capsys.readouterr().err
+

@@ -23,8 +23,9 @@ LADDER_EXAMPLE = """example (the default model, and the same with the shipped ma
       --set retrieval.corpus=data/2wikimultihopqa/corpus.jsonl --systems rag,rig:prob \\
       --model smollm2-135m-instruct --model smollm2-135m-instruct+markers --out runs/ladder-2wiki
 
-a served model is one spec: --model model=qwen3:0.6b,backend=openai,base_url=http://127.0.0.1:11434/v1,\\
-tokenizer=Qwen/Qwen3-0.6B,size=0.6 (docs/evaluation.md). `rigkit report DIR` rebuilds the ladder's report."""
+a served model is one spec: --model model=qwen3:0.6b,backend=ollama,size=0.6 (Ollama), or
+model=NAME,backend=openai,base_url=http://HOST:PORT/v1 (vLLM); docs/evaluation.md. `rigkit report DIR`
+rebuilds the ladder's report."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ rung's name; default: the model) and `size` (parameters in billions, the x axis;
 from the model name, "135m" or "0.6b"). So a served model is one spec, whichever backend
 serves it:
 
-    model=qwen3:0.6b,backend=openai,base_url=http://127.0.0.1:11434/v1,tokenizer=Qwen/Qwen3-0.6B,size=0.6
+    model=qwen3:0.6b,backend=ollama,size=0.6
 
 Each rung is an ordinary `rigkit eval` run in `OUT/<label>/` (resumable; its own report), and
 `OUT/ladder.json` lists the rungs, so the ladder's report rebuilds from the result lines alone.
@@ -72,7 +72,7 @@ def parse_rung(spec: str) -> Rung:
         key, sep, value = part.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise InputError(f"--model {spec!r}: expected key=value pairs separated by commas, e.g. "
-                             "model=qwen3:0.6b,backend=openai,base_url=http://127.0.0.1:11434/v1,size=0.6")
+                             "model=qwen3:0.6b,backend=ollama,size=0.6")
         pairs[key.strip()] = value.strip()
     if "model" not in pairs:
         raise InputError(f"--model {spec!r}: name the model (model=...)")
