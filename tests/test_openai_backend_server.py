@@ -46,11 +46,12 @@ def server_url(tmp_path_factory):
     import httpx
 
     port, log = _free_port(), tmp_path_factory.mktemp("llama") / "server.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS,
+    # tests.llama_server: llama.cpp's own server with weight repacking off (it crashes on AMX CPUs)
+    cmd = [sys.executable, "-m", "tests.llama_server", "--model", str(gguf), "--model_alias", ALIAS,
            "--host", "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", "4096",
            "--n_threads", "2"]
     with open(log, "wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 120
