@@ -30,7 +30,8 @@ ACCESS = re.compile(r"request_id=(\S+) method=(\S+) route=(\S+) status=(\d+) ms=
 
 class GatedScript(LoopingScript):
     """The scripted model, each segment costing 40 prefilled and 12 reused prompt tokens; it
-    waits while `gate` is clear, so a test can see a request running."""
+    waits while `gate` is clear, so a test can see a request running; `reached` is set once a
+    request is inside the model (so on a model thread, counted as running)."""
 
     def __init__(self):
         segments = script()
@@ -39,8 +40,10 @@ class GatedScript(LoopingScript):
         super().__init__(segments)
         self.gate = threading.Event()
         self.gate.set()
+        self.reached = threading.Event()
 
     def next_segment(self, prompt, stop, max_new_tokens, on_token=None):
+        self.reached.set()
         self.gate.wait(hang_limit(10))
         return super().next_segment(prompt, stop, max_new_tokens, on_token)
 
@@ -59,6 +62,19 @@ def scrape(base: str) -> dict[tuple[str, tuple], float]:
     text = httpx.get(base + "/metrics").text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in parser.text_string_to_metric_families(text) for s in family.samples}
+
+
+def scrape_when(base: str, ready) -> dict[tuple[str, tuple], float]:
+    """A scrape once `ready(seen)` holds, or the last one at the hang limit. A request is counted
+    after its response has gone out, so a client can scrape before its own last request shows."""
+    deadline = time.monotonic() + hang_limit(5)
+    while not ready(seen := scrape(base)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return seen
+
+
+def idle(seen) -> bool:
+    return seen[("rigkit_queue_depth", ())] == 0 and seen[("rigkit_requests_running", ())] == 0
 
 
 def delta(after, before, name: str, **labels) -> float:
@@ -102,7 +118,9 @@ def test_metrics_count_requests_latency_retrievals_tokens_and_cache_reuse(watche
                for _ in range(2)]
     assert httpx.post(base + "/retrieve", json={"queries": ["MIT licence", "Apache NOTICE", "GPL"]}).status_code == 200
     assert httpx.get(base + "/no/such/page").status_code == 404
-    after = scrape(base)
+    counted = (("POST", "/chat", "200", 2), ("POST", "/retrieve", "200", 1), ("GET", "unmatched", "404", 1))
+    after = scrape_when(base, lambda seen: idle(seen) and all(
+        delta(seen, before, "rigkit_requests_total", method=m, route=r, status=s) >= n for m, r, s, n in counted))
     assert delta(after, before, "rigkit_requests_total", method="POST", route="/chat", status="200") == 2
     assert delta(after, before, "rigkit_requests_total", method="GET", route="unmatched", status="404") == 1
     assert delta(after, before, "rigkit_request_duration_seconds_count", method="POST", route="/chat") == 2
@@ -115,21 +133,23 @@ def test_metrics_count_requests_latency_retrievals_tokens_and_cache_reuse(watche
         assert delta(after, before, "rigkit_tokens_total", kind=kind) == sum(r.tokens[kind] for r in results) > 0
     for kind in ("reused", "prefilled"):
         assert delta(after, before, "rigkit_cache_tokens_total", kind=kind) == sum(r.tokens[kind] for r in results) > 0
-    assert after[("rigkit_queue_depth", ())] == 0 and after[("rigkit_requests_running", ())] == 0
+    assert idle(after)
 
 
 def test_queue_depth_shows_a_request_at_work(watched):
     base, generator = watched
     generator.gate.clear()
+    generator.reached.clear()
     asking = threading.Thread(target=httpx.post, args=(base + "/chat",), kwargs={"json": {"question": QUESTION},
-                                                                                  "timeout": 60})
+                                                                                  "timeout": hang_limit(10)})
     asking.start()
     try:
-        deadline = time.monotonic() + hang_limit(5)
-        while (seen := scrape(base))[("rigkit_queue_depth", ())] < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # the queue counts a request before a model thread takes it; wait until the model holds it
+        assert generator.reached.wait(hang_limit(5)), "the request never reached the model"
+        seen = scrape(base)
         assert seen[("rigkit_queue_depth", ())] == 1 and seen[("rigkit_requests_running", ())] == 1
     finally:
         generator.gate.set()
         asking.join(hang_limit(10))
-    assert scrape(base)[("rigkit_queue_depth", ())] == 0
+    assert not asking.is_alive()
+    assert idle(scrape_when(base, idle))  # the job leaves the running set just after its answer is sent
