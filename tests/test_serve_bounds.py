@@ -139,7 +139,7 @@ def upstream(tmp_path_factory):
     threading.Thread(target=models.serve_forever, daemon=True).start()
     models.url = f"http://127.0.0.1:{models.server_address[1]}"
     port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
-    sets = ["generator.backend=openai", f"generator.base_url={models.url}/v1", "generator.request_timeout=2",
+    sets = ["generator.backend=openai", f"generator.base_url={models.url}/v1", "generator.request_timeout=6",
             "generator.max_retries=0", "decider.name=never"]
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rigkit.cli", "serve", "--port", str(port), "--no-mcp",

@@ -193,7 +193,10 @@ def test_a_stream_cut_at_the_deadline_ends_with_an_error_event_clients_see(serve
     threads = [threading.Thread(target=sdk), threading.Thread(target=chat)]
     for thread in threads:
         thread.start()
-    while httpx.get(f"{base}/health").json()["running"] < 2 and all(t.is_alive() for t in threads):
+    deadline = time.monotonic() + hang_limit(5)
+    while httpx.get(f"{base}/health", timeout=hang_limit(1)).json()["running"] < 2 and all(
+            t.is_alive() for t in threads):
+        assert time.monotonic() < deadline, "the two streams never ran together"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     assert _exit_status(proc, hang_limit(2)) in (0, -signal.SIGTERM)
