@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,25 +58,82 @@ def stop_process(proc, grace: float = 15.0) -> None:
         proc.wait()
 
 
-def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.5,
-                       name: str = "rigkit serve") -> None:
-    """Wait for a started server's /health to answer 200; fail with its log if it exits or hangs.
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    import socket
 
-    `log_tail()` returns the end of the server's log for the failure message."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def why_not_started(url: str, proc, limit: float, log_tail, poll: float = 0.5, name: str = "rigkit serve",
+                    path: str = "/health") -> str | None:
+    """Wait for a started server's `url + path` to answer 200: None once it does, else why not
+    (it exited, or did not answer within `limit` seconds), with `log_tail()`, the end of its log."""
     import httpx
 
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"{name} exited with {proc.returncode}:\n{log_tail()}")
+            return f"{name} exited with {proc.returncode}:\n{log_tail()}"
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
+                return None
         except httpx.HTTPError:
             pass
         time.sleep(poll)  # also after a non-200 answer (a server still loading), not only on errors
-    proc.kill()
-    pytest.fail(f"{name} did not start in {limit:.0f} s:\n{log_tail()}")
+    return f"{name} did not start in {limit:.0f} s:\n{log_tail()}"
+
+
+def wait_until_healthy(base: str, proc, limit: float, log_tail, poll: float = 0.5,
+                       name: str = "rigkit serve") -> None:
+    """Wait for a started server's /health to answer 200; fail with its log if it exits or hangs."""
+    if (problem := why_not_started(base, proc, limit, log_tail, poll, name)) is not None:
+        if proc.poll() is None:
+            proc.kill()
+        pytest.fail(problem)
+
+
+@contextmanager
+def serving_module(module: str, *args: str, log: Path, env: dict[str, str] | None = None,
+                   limit: float | None = None) -> Iterator[str]:
+    """`python -m <module> <args> --port <free port>` from the repository root, its output in `log`,
+    healthy within `limit` (default hang_limit(10)) seconds: yields its URL; stopped on exit."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(port)], cwd=ROOT,
+                                env=dict(os.environ) if env is None else env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, proc, hang_limit(10) if limit is None else limit,
+                           lambda: log.read_text(errors="replace")[-3000:])
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@contextmanager
+def local_http_server(handler, **state) -> Iterator:
+    """A ThreadingHTTPServer on a free loopback port serving `handler` from a thread, with `state`
+    set as its attributes (the handler reads them as `self.server.<name>`) and `url`; shut on exit."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    for name, value in state.items():
+        setattr(httpd, name, value)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,8 @@ exit code 2, within the call's deadline. The parsing checks also run on their ow
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -19,7 +18,7 @@ from rigkit.generation.server_replies import (
     token_scores,
     usage_count,
 )
-from tests.conftest import CliRun
+from tests.conftest import CliRun, local_http_server
 
 HIT = {"id": "apache#0", "title": "Apache", "text": "The Apache licence allows commercial use.", "score": 1.0}
 
@@ -117,15 +116,8 @@ class Misbehaving(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
-    httpd.daemon_threads = True
-    httpd.fault, httpd.seen, httpd.client_left = "", [], None
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with local_http_server(Misbehaving, fault="", seen=[], client_left=None) as httpd:
+        yield httpd
 
 
 def _ask(cli, server, fault: str, *settings: str) -> CliRun:

@@ -8,16 +8,15 @@ The real engines (llama.cpp's server, vLLM) are driven in tests/test_chat_backen
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from rigkit.generation.chat import ChatGenerator
 from rigkit.generation.chat_messages import messages_of, render_markup, split_reasoning
 from rigkit.transcript import Piece, StopRule
-from tests.conftest import CliRun
+from tests.conftest import CliRun, local_http_server
 
 MODEL = "qwen2.5:7b"
 HIT = {"id": "apache#0", "title": "Apache", "text": "The Apache licence allows commercial use.", "score": 1.0}
@@ -111,15 +110,8 @@ class ChatScript(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ChatScript)
-    httpd.daemon_threads = True
-    httpd.settings, httpd.seen, httpd.streams = {}, [], 0
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with local_http_server(ChatScript, settings={}, seen=[], streams=0) as httpd:
+        yield httpd
 
 
 def _ask(cli, server, *args: str, decider: str = "never", sets: tuple[str, ...] = ()) -> CliRun:

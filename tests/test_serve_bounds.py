@@ -6,41 +6,28 @@ refused before any model work, every route answers in its own error shape, and n
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import hang_limit, stop_process, wait_until_healthy
+from tests.conftest import (
+    hang_limit,
+    local_http_server,
+    serving_module,
+)
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.slow  # starts `rigkit serve` processes
 
-ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "How tall is the Eiffel Tower?"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """One scripted `rigkit serve` with a small history budget, for the whole module."""
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.scripted_serve", "--port", str(port),
-                                 "--set", "context.max_history_tokens=64"],
-                                cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_until_healthy(url, proc, hang_limit(10), lambda: log.read_text(errors="replace")[-3000:])
-    yield url
-    stop_process(proc)
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with serving_module("tests.scripted_serve", "--set", "context.max_history_tokens=64", log=log) as url:
+        yield url
 
 
 def _pairs(n: int) -> list[list[str]]:
@@ -128,29 +115,15 @@ def test_a_query_of_nul_characters_is_empty(base, route, body):
 def upstream(tmp_path_factory):
     """`rigkit serve --backend openai` over a model server that misbehaves as `.fault` says
     (`tests.test_backend_faults.Misbehaving`); -> (rigkit's URL, the model server)."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
     from tests.test_backend_faults import Misbehaving
 
-    models = ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
-    models.daemon_threads = True
-    models.fault, models.seen, models.client_left = "", [], None
-    threading.Thread(target=models.serve_forever, daemon=True).start()
-    models.url = f"http://127.0.0.1:{models.server_address[1]}"
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
-    sets = ["generator.backend=openai", f"generator.base_url={models.url}/v1", "generator.request_timeout=6",
-            "generator.max_retries=0", "decider.name=never"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rigkit.cli", "serve", "--port", str(port), "--no-mcp",
-                                 "--retriever", f"{models.url}/retrieve", *[a for s in sets for a in ("--set", s)]],
-                                cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_until_healthy(url, proc, hang_limit(10), lambda: log.read_text(errors="replace")[-3000:])
-    yield url, models
-    stop_process(proc)
-    models.shutdown()
-    models.server_close()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with local_http_server(Misbehaving, fault="", seen=[], client_left=None) as models:
+        sets = ["generator.backend=openai", f"generator.base_url={models.url}/v1", "generator.request_timeout=6",
+                "generator.max_retries=0", "decider.name=never"]
+        with serving_module("rigkit.cli", "serve", "--no-mcp", "--retriever", f"{models.url}/retrieve",
+                            *[a for s in sets for a in ("--set", s)], log=log) as url:
+            yield url, models
 
 
 @pytest.mark.parametrize("fault, status, code", [("fail", 502, "upstream_error"), ("silent", 504, "upstream_timeout")])

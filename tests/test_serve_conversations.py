@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import hang_limit, stop_process, wait_until_healthy
+from tests.conftest import hang_limit, serving_module
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("openai")
@@ -21,7 +17,6 @@ pytest.importorskip("mcp")
 
 pytestmark = pytest.mark.slow  # starts a `rigkit serve` process
 
-ROOT = Path(__file__).resolve().parent.parent
 WEATHER = {"type": "function", "function": {
     "name": "weather", "description": "Current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -31,23 +26,12 @@ MODEL = "smollm2-135m-instruct"  # the served name (the script stands in for it)
 TURNS = ["How tall is the Eiffel Tower?", "Who designed it?", "And how old is it?"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.scripted_serve", "--port", str(port)], cwd=ROOT,
-                                env={**os.environ, "RIGKIT_TEST_SCRIPT": "tools"}, stdout=out,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_until_healthy(url, proc, hang_limit(10), lambda: log.read_text(errors="replace")[-3000:])
-    yield url
-    stop_process(proc)
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with serving_module("tests.scripted_serve", log=log, env={**os.environ, "RIGKIT_TEST_SCRIPT": "tools"}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
