@@ -9,32 +9,22 @@ crashes (segmentation fault in `llama_decode`) on the first prompt longer than o
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["running", "free_port"]
+__all__ = ["running"]
 
 START_LIMIT = 120  # seconds until /v1/models answers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
 def running(gguf: str | Path, alias: str, log: Path, *extra: str) -> Iterator[str]:
     """The server on `gguf` serving it as `alias`, healthy; stopped on exit. RuntimeError (with the
     log's tail) when it exits or does not answer within START_LIMIT seconds."""
-    import httpx
-
-    from tests.conftest import stop_process
+    from tests.conftest import free_port, stop_process, why_not_started
 
     port = free_port()
     cmd = [sys.executable, "-m", "tests.llama_server", "--model", str(gguf), "--model_alias", alias,
@@ -45,18 +35,10 @@ def running(gguf: str | Path, alias: str, log: Path, *extra: str) -> Iterator[st
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + START_LIMIT
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama.cpp's server exited: {log.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama.cpp's server did not start in {START_LIMIT} s")
-            time.sleep(0.5)
+        problem = why_not_started(url, process, START_LIMIT, lambda: log.read_text(errors="replace")[-2000:],
+                                  name="llama.cpp's server", path="/models")
+        if problem is not None:
+            raise RuntimeError(problem)
         yield url
     finally:
         stop_process(process)

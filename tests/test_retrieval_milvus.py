@@ -22,10 +22,10 @@ from rigkit.retrieval.filters import FilterError
 from rigkit.retrieval.milvus import MilvusError, MilvusTarget
 
 try:
-    from tests.conftest import hang_limit, stop_process
+    from tests.conftest import free_port, hang_limit, stop_process
     from tests.conftest_retrieval import DATA, HashEmbedder, write_jsonl
 except ImportError:
-    from conftest import hang_limit
+    from conftest import free_port, hang_limit, stop_process
     from conftest_retrieval import DATA, HashEmbedder, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -37,11 +37,6 @@ QUERIES = ["What must I include when shipping Apache-2.0 code in a product?", "K
            "Can I sell software that uses MIT-licensed code?", "patent grant licence"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def milvus(tmp_path_factory):
@@ -49,7 +44,7 @@ def milvus(tmp_path_factory):
     from pymilvus import MilvusClient
 
     folder = tmp_path_factory.mktemp("milvus")
-    port, log = _free_port(), folder / "server.log"
+    port, log = free_port(), folder / "server.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "milvus_lite.cmdline", "server", "--data-dir", str(folder / "data"),
@@ -234,7 +229,7 @@ def test_a_collection_built_with_another_model_is_refused(demo, milvus, tmp_path
 
 def test_an_unreachable_server_is_one_line_naming_it(demo, cli):
     _, index = demo
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(MilvusError, match=f"cannot reach Milvus at {closed}"):
         Index.load(index.path, milvus_uri=closed).retriever("hybrid")
     run = cli("search", str(index.path), "patent", "--set", f"retrieval.milvus_uri={closed}")

@@ -154,19 +154,12 @@ def running(model_dir: str | Path, log: Path, extra_env: dict[str, str] | None =
 
 
 def _wait_healthy(base: str, process: subprocess.Popen, log: Path) -> None:
-    import httpx
+    from tests.conftest import (
+        why_not_started,  # here: `python -m tests.vllm_setup` runs without pytest's set-up
+    )
 
-    deadline = time.monotonic() + START_LIMIT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"vLLM did not start in {START_LIMIT} s:\n{_tail(log)}")
+    if (problem := why_not_started(base, process, START_LIMIT, lambda: _tail(log), 1.0, "vLLM")) is not None:
+        raise RuntimeError(problem)
 
 
 def _tail(log: Path) -> str:
