@@ -4,7 +4,6 @@ answers), driven by the official `openai` and `mcp` SDKs and httpx."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -42,17 +41,10 @@ def sdk(base):
 
 
 def test_the_openai_sdk_runs_a_two_tool_conversation(sdk):
-    messages = [{"role": "user", "content": TURNS[0]}]
-    calls = []
-    for _ in range(3):
-        reply = sdk.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, SEARCH])
-        choice = reply.choices[0]
-        if choice.finish_reason != "tool_calls":
-            break
-        messages.append(choice.message.model_dump(exclude_none=True))
-        for call in choice.message.tool_calls:
-            calls.append((call.function.name, json.loads(call.function.arguments)))
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": RESULTS[call.function.name]})
+    from tests.test_serve_protocol import tool_conversation
+
+    reply, calls = tool_conversation(sdk, MODEL, TURNS[0], [WEATHER, SEARCH], RESULTS)
+    choice = reply.choices[0]
     assert calls == [("weather", {"city": "Paris"}), ("search", {"query": "its height", "top_k": 3})]
     assert choice.finish_reason == "stop" and "330 metres" in choice.message.content
     assert [c.split(":")[0] for c in reply.model_extra["rig"]["citations"]] == ["search"]

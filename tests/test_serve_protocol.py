@@ -387,6 +387,23 @@ def sdk_client(client):
     return openai.OpenAI(base_url=f"{LOCAL}/v1", api_key="unused", http_client=client, max_retries=0)
 
 
+def tool_conversation(sdk, model: str, question: str, tools: list[dict], results: dict[str, str], turns: int = 3):
+    """Ask `question`; answer each tool call from `results` (by tool name) and ask on, as a client
+    does, for at most `turns` replies -> (the last reply, the (name, arguments) of each call)."""
+    messages = [{"role": "user", "content": question}]
+    calls = []
+    for _ in range(turns):
+        reply = sdk.chat.completions.create(model=model, messages=messages, tools=tools)
+        choice = reply.choices[0]
+        if choice.finish_reason != "tool_calls":
+            break
+        messages.append(choice.message.model_dump(exclude_none=True))
+        for call in choice.message.tool_calls:
+            calls.append((call.function.name, json.loads(call.function.arguments)))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": results[call.function.name]})
+    return reply, calls
+
+
 SEARCH_TOOL = [{"type": "function", "function": {
     "name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]
 

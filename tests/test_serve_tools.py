@@ -70,23 +70,15 @@ def two_tool_service(first='weather {"city": "Paris"}'):
 
 
 def test_the_openai_sdk_runs_a_two_tool_conversation_with_structured_arguments():
-    from tests.test_serve_protocol import sdk_client
+    from tests.test_serve_protocol import sdk_client, tool_conversation
 
     service = two_tool_service()
     with local_client(create_app(service, mcp=False)) as client:
         sdk = sdk_client(client)
-        messages = [{"role": "user", "content": "What is the weather by the Eiffel Tower, and how tall is it?"}]
-        answers = {"weather": "Sunny, 24 °C.", "search": TOWER}
-        names = []
-        for _ in range(3):
-            reply = sdk.chat.completions.create(model=service.model_name, messages=messages, tools=[WEATHER, SEARCH])
-            choice = reply.choices[0]
-            if choice.finish_reason != "tool_calls":
-                break
-            messages.append(choice.message.model_dump(exclude_none=True))
-            for call in choice.message.tool_calls:
-                names.append((call.function.name, json.loads(call.function.arguments)))
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": answers[call.function.name]})
+        question = "What is the weather by the Eiffel Tower, and how tall is it?"
+        reply, names = tool_conversation(sdk, service.model_name, question, [WEATHER, SEARCH],
+                                         {"weather": "Sunny, 24 °C.", "search": TOWER})
+    choice = reply.choices[0]
     assert names == [("weather", {"city": "Paris"}), ("search", {"query": "Eiffel Tower height", "top_k": 3})]
     assert choice.finish_reason == "stop"
     rig = reply.model_extra["rig"]
