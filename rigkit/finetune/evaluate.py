@@ -217,8 +217,10 @@ def evaluate_markers(
             start = time.perf_counter()
             flare_result = flare.answer(item.question, cfg.generator.seed)
             flare_seconds = time.perf_counter() - start
+            # the queries searched: a repeat of an earlier one is skipped by the loop's query guard
             row.flare_queries = [r.query.text for r in flare_result.rounds
-                                 if r.query is not None and r.query.mode == "masked"]
+                                 if r.query is not None and r.query.mode == "masked"
+                                 and not (r.action == "skip" and r.guards)]
             row.flare_query_hits = [_supported(retriever.search(q, QUALITY_K), support) for q in row.flare_queries]
             if end_effect:
                 runs = [("rig:marker (tuned)", result, seconds), ("rig:prob (base)", flare_result, flare_seconds)]
