@@ -25,11 +25,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from common import CPU_CONFIG, ROOT, SETS, parser, save, setup
+from common import SETS, eval_test_split, identical_answers, parser, save, setup, vllm_url
 
 UNKNOWN = "qwen2.5:7b"
 
@@ -43,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     setup(args)
     limit = args.limit or (3 if args.quick else None)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rigkit-bench-chat-") as tmp, _vllm(args.vllm_url, Path(tmp)) as url:
-        from tests.vllm_setup import SERVED_NAME
+    from tests.vllm_setup import SERVED_NAME
 
+    names = ("--served-model-name", SERVED_NAME, UNKNOWN)  # vLLM serves the model under both
+    with tempfile.TemporaryDirectory(prefix="rigkit-bench-chat-") as tmp, vllm_url(args.vllm_url, Path(tmp), *names) as url:
         ways = {"openai": ["generator.backend=openai", f"generator.base_url={url}", f"generator.model={SERVED_NAME}"],
                 "chat": ["generator.backend=chat", f"generator.base_url={url}", f"generator.model={UNKNOWN}"]}
         runs = _run_sets(Path(tmp), args.systems, limit, ways)
@@ -59,40 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-@contextmanager
-def _vllm(url: str | None, tmp: Path) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from rigkit.build import build_generator
-    from rigkit.generation import converted_model_dir
-    from tests import vllm_setup
-
-    build_generator()  # the converted folder vLLM reads
-    print("starting vLLM", flush=True)
-    names = ("--served-model-name", vllm_setup.SERVED_NAME, UNKNOWN)
-    with vllm_setup.running(converted_model_dir(), tmp / "vllm.log", extra_args=names) as base:
-        yield f"{base}/v1"
-
-
 def _run_sets(out: Path, systems: str, limit: int | None, ways: dict[str, list[str]]) -> dict:
     """{way: {set: rows}}; the two ways take turns set by set, so a change in the machine's load
     weighs on both alike."""
-    from rigkit.eval.experiment import evaluate
-    from rigkit.eval.runner import read_results
-
     done: dict[str, dict] = {way: {} for way in ways}
     for dataset in SETS:
         for way, settings in ways.items():
-            folder = out / way / dataset
-            evaluate(ROOT / "data" / dataset / "qa.jsonl", folder, systems, config=CPU_CONFIG, split="test",
-                     limit=limit, settings=[f"retrieval.corpus={ROOT / 'data' / dataset / 'corpus.jsonl'}",
-                                            "generator.request_timeout=900", *settings],
-                     concurrency=1, progress=False, report=False, faithfulness=False)
-            rows = read_results(folder)
-            errors = [r["error"] for r in rows if r.get("error")]
-            if errors:
-                raise SystemExit(f"{dataset} ({way}): {len(errors)} answers failed, e.g. {errors[0]}")
+            rows = eval_test_split(out / way / dataset, dataset, systems, limit,
+                                   ["generator.request_timeout=900", *settings])
             done[way][dataset] = rows
             print(f"{dataset}: {len(rows)} answers ({way})", flush=True)
     return done
@@ -110,10 +83,9 @@ def _compare(runs: dict) -> dict:
             row[way] = {"answers": len(rows), "cover_em": statistics.fmean(r["cover_em"] for r in rows),
                         "p50_s": statistics.median(r["latency"] for r in rows),
                         "cached_share": reused / prompt if prompt else 0.0}
-        answers = {(r["id"], r["system"]): r["answer"] for n in names for r in runs["openai"][n]}
-        chat = [(r["id"], r["system"], r["answer"]) for n in names for r in runs["chat"][n]]
+        chat = [r for n in names for r in runs["chat"][n]]
         row.update(p50_ratio=row["chat"]["p50_s"] / row["openai"]["p50_s"], answers=len(chat),
-                   identical=sum(answers.get((i, s)) == a for i, s, a in chat))
+                   identical=identical_answers([r for n in names for r in runs["openai"][n]], chat))
         table[name] = row
     return table
 

@@ -278,3 +278,43 @@ def _replace(dc: Any, **changes: Any) -> Any:
 
 def fmt_ratio(value: float) -> str:
     return "n/a" if value != value else f"{value:.2f}x"
+
+
+@contextmanager
+def vllm_url(url: str | None, tmp: Path, *extra_args: str):
+    """The OpenAI routes' base URL of `url`, or of a vLLM on the default model started here (the
+    tests' venv and flags, `extra_args` added) and stopped after."""
+    if url:
+        yield url
+        return
+    from rigkit.build import build_generator
+    from rigkit.generation import converted_model_dir
+    from tests import vllm_setup
+
+    build_generator()  # the converted folder vLLM reads
+    print("starting vLLM", flush=True)
+    with vllm_setup.running(converted_model_dir(), tmp / "vllm.log", extra_args=extra_args) as base:
+        yield f"{base}/v1"
+
+
+def eval_test_split(folder: Path, dataset: str, systems: str, limit: int | None, settings: Sequence[str],
+                    concurrency: int = 1) -> list[dict[str, Any]]:
+    """One `rigkit eval` of `systems` on `dataset`'s stored test split (configs/cpu.yaml, the set's own
+    corpus, `settings` on top); its per-answer rows. Any failed answer stops the benchmark."""
+    from rigkit.eval.experiment import evaluate
+    from rigkit.eval.runner import read_results
+
+    evaluate(ROOT / "data" / dataset / "qa.jsonl", folder, systems, config=CPU_CONFIG, split="test", limit=limit,
+             settings=[f"retrieval.corpus={ROOT / 'data' / dataset / 'corpus.jsonl'}", *settings],
+             concurrency=concurrency, progress=False, report=False, faithfulness=False)
+    rows = read_results(folder)
+    errors = [r["error"] for r in rows if r.get("error")]
+    if errors:
+        raise SystemExit(f"{dataset} ({folder.name}): {len(errors)} answers failed, e.g. {errors[0]}")
+    return rows
+
+
+def identical_answers(base: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]]) -> int:
+    """How many of `other`'s answers equal `base`'s answer to the same question and system."""
+    answers = {(r["id"], r["system"]): r["answer"] for r in base}
+    return sum(answers.get((r["id"], r["system"])) == r["answer"] for r in other)

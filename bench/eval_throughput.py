@@ -22,11 +22,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from common import CPU_CONFIG, ROOT, SETS, parser, save, setup
+from common import SETS, eval_test_split, identical_answers, parser, save, setup, vllm_url
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rigkit-bench-eval-") as tmp:
         runs = {"in-process": _run_sets(Path(tmp) / "local", args.systems, limit, [], 1)}
-        with _vllm(args.vllm_url, Path(tmp)) as url:
+        with vllm_url(args.vllm_url, Path(tmp)) as url:
             served = ["generator.backend=openai", f"generator.base_url={url}"]
             runs["vllm"] = _run_sets(Path(tmp) / "vllm", args.systems, limit, served, args.concurrency)
     rows = _compare(runs)
@@ -55,39 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-@contextmanager
-def _vllm(url: str | None, tmp: Path) -> Iterator[str]:
-    """The OpenAI routes' base URL of `url`, or of a vLLM started here and stopped after."""
-    if url:
-        yield url
-        return
-    from rigkit.build import build_generator
-    from rigkit.generation import converted_model_dir
-    from tests import vllm_setup
-
-    build_generator()  # the converted folder vLLM reads
-    print("starting vLLM", flush=True)
-    with vllm_setup.running(converted_model_dir(), tmp / "vllm.log") as base:
-        yield f"{base}/v1"
-
-
 def _run_sets(out: Path, systems: str, limit: int | None, settings: list[str], concurrency: int) -> dict:
     """{set: {"seconds", "rows"}}: one `rigkit eval` per set, timed from its first answer's start."""
-    from rigkit.eval.experiment import evaluate
-    from rigkit.eval.runner import read_results
-
     done = {}
     for dataset in SETS:
-        folder = out / dataset
         start = time.perf_counter()
-        evaluate(ROOT / "data" / dataset / "qa.jsonl", folder, systems, config=CPU_CONFIG, split="test",
-                 limit=limit, settings=[f"retrieval.corpus={ROOT / 'data' / dataset / 'corpus.jsonl'}", *settings],
-                 concurrency=concurrency, progress=False, report=False, faithfulness=False)
+        rows = eval_test_split(out / dataset, dataset, systems, limit, settings, concurrency)
         seconds = time.perf_counter() - start
-        rows = read_results(folder)
-        errors = [r["error"] for r in rows if r.get("error")]
-        if errors:
-            raise SystemExit(f"{dataset}: {len(errors)} answers failed, e.g. {errors[0]}")
         done[dataset] = {"seconds": seconds, "rows": rows}
         print(f"{dataset}: {len(rows)} answers in {seconds:.0f} s ({out.name})", flush=True)
     return done
@@ -105,10 +77,10 @@ def _compare(runs: dict) -> dict:
             row[way] = {"answers": len(rows), "seconds": seconds, "per_minute": 60 * len(rows) / seconds,
                         "cover_em": statistics.fmean(r["cover_em"] for r in rows),
                         "p50_s": statistics.median(r["latency"] for r in rows)}
-        answers = {(r["id"], r["system"]): r["answer"] for n in names for r in runs["in-process"][n]["rows"]}
-        served = [(r["id"], r["system"], r["answer"]) for n in names for r in runs["vllm"][n]["rows"]]
+        served = [r for n in names for r in runs["vllm"][n]["rows"]]
+        local = [r for n in names for r in runs["in-process"][n]["rows"]]
         row.update(ratio=row["vllm"]["per_minute"] / row["in-process"]["per_minute"], answers=len(served),
-                   identical=sum(answers.get((i, s)) == a for i, s, a in served))
+                   identical=identical_answers(local, served))
         table[name] = row
     return table
 

@@ -27,7 +27,6 @@ once (`chat_probe`) and said in `source`, and so in every result:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +41,13 @@ from rigkit.generation.chat_messages import (
 )
 from rigkit.generation.chat_probe import ChatServer, probe_server, tokens_in
 from rigkit.generation.chat_stream import ChatReply, stream_events
-from rigkit.generation.server_replies import ServerError, check_not_empty, read_json, usage_count
+from rigkit.generation.server_replies import (
+    ServerError,
+    api_key_from_env,
+    check_not_empty,
+    read_json,
+    usage_count,
+)
 from rigkit.generation.stops import segment_end
 from rigkit.http import ServerClient
 from rigkit.text import detect_language
@@ -95,11 +100,7 @@ class ChatGenerator:
         base_url = config.base_url or (OLLAMA_URL if config.backend == "ollama" else None)
         if not base_url:
             raise InputError("backend chat needs generator.base_url (e.g. http://127.0.0.1:8000/v1)")
-        api_key = None
-        if config.api_key_env:
-            api_key = os.environ.get(config.api_key_env)
-            if not api_key:
-                raise InputError(f"environment variable {config.api_key_env} (generator.api_key_env) is not set")
+        api_key = api_key_from_env(config.api_key_env)
         return cls(base_url, config.model, api_key=api_key, top_logprobs=config.top_logprobs,
                    temperature=config.temperature, top_p=config.top_p, seed=config.seed,
                    timeout=config.request_timeout, max_retries=config.max_retries,

@@ -37,7 +37,6 @@ piece cache and the one-time server probe sit behind a lock.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,8 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.errors import InputError
+from rigkit.generation.chat_stream import stream_events
 from rigkit.generation.server_replies import (
     ServerError,
+    api_key_from_env,
     before_special,
     check_not_empty,
     read_event,
@@ -135,11 +136,7 @@ class OpenAIGenerator:
         """Built from `generator:` in a run config (`backend: openai`)."""
         if not config.base_url:
             raise InputError("backend openai needs generator.base_url (e.g. http://127.0.0.1:8000/v1)")
-        api_key = None
-        if config.api_key_env:
-            api_key = os.environ.get(config.api_key_env)
-            if not api_key:
-                raise InputError(f"environment variable {config.api_key_env} (generator.api_key_env) is not set")
+        api_key = api_key_from_env(config.api_key_env)
         tokenizer = load_tokenizer(config.tokenizer or config.model, config.trust_remote_code)
         return cls(
             config.base_url, config.model, tokenizer, api_key=api_key, top_logprobs=config.top_logprobs,
@@ -364,25 +361,7 @@ class OpenAIGenerator:
 
     def _stream(self, path: str, body: dict) -> Iterator[dict]:
         """Parsed server-sent events of a streamed completion, until `[DONE]` or the caller stops."""
-        where = f"the model server at {self.base_url}{path}"
-        lines = self._client.stream_lines("POST", path, body)
-        finished, events = False, 0
-        try:
-            for line in lines:
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                event = read_event(read_json(data, where), where)
-                finished = finished or any(c.get("finish_reason") for c in event.get("choices") or [])
-                events += 1
-                yield event
-        finally:
-            lines.close()
-        if not finished:  # neither `[DONE]` nor a finish reason: the answer was cut off
-            raise ServerError(f"{where} ended its stream before the answer ended (after {events} events, "
-                              "no finish_reason and no [DONE])")
+        return stream_events(self._client, path, body)
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_remote_code) -> Any:

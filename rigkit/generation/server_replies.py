@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rigkit.errors import UpstreamError
+from rigkit.errors import InputError, UpstreamError
 
 __all__ = ["ServerError", "TokenScores", "truncated_entropy", "read_json", "read_event", "served_models", "token_scores",
-           "usage_count", "shown", "special_cut", "before_special", "check_not_empty"]
+           "usage_count", "shown", "special_cut", "before_special", "check_not_empty", "api_key_from_env"]
 
 
 class ServerError(UpstreamError, ConnectionError):
@@ -169,3 +170,14 @@ def truncated_entropy(top_logprobs: Sequence[float]) -> float:
     if rest > 1e-9:
         entropy -= rest * math.log(rest)
     return max(0.0, entropy)
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The model server's key from the environment variable `generator.api_key_env` names; None
+    when it names none, one line when the variable is not set."""
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise InputError(f"environment variable {name} (generator.api_key_env) is not set")
+    return key
