@@ -144,6 +144,17 @@ class CliRun:
     stdout: str
     stderr: str
 
+    def error_line(self, *words: str) -> str:
+        """The one `rigkit: error:` line of a command that exited 2 with no traceback; it holds
+        each of `words`."""
+        assert self.returncode == 2, (self.stdout[-1000:], self.stderr[-2000:])
+        assert "Traceback" not in self.stderr, self.stderr[-2000:]
+        errors = [line for line in self.stderr.splitlines() if line.startswith("rigkit: error:")]
+        assert len(errors) == 1, self.stderr[-2000:]
+        for word in words:
+            assert word in errors[0], errors[0]
+        return errors[0]
+
 
 @pytest.fixture
 def cli(monkeypatch, capsys):

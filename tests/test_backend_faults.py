@@ -128,15 +128,6 @@ def _ask(cli, server, fault: str, *settings: str) -> CliRun:
                "--decider", "never", *sets)
 
 
-def _error_line(done: CliRun, *words: str) -> str:
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("rigkit: error:")]
-    assert len(errors) == 1, done.stderr[-2000:]
-    for word in words:
-        assert word in errors[0], errors[0]
-    return errors[0]
-
 
 @pytest.mark.parametrize("fault, words", [
     ("models-not-json", ["/v1/models", "not JSON", "Welcome to nginx"]),
@@ -151,7 +142,7 @@ def _error_line(done: CliRun, *words: str) -> str:
     ("empty", ["/v1/completions", "empty completion", "where the answer starts"]),
 ])
 def test_a_misbehaving_model_server_is_one_line_naming_it_and_what_it_sent(cli, server, fault, words):
-    _error_line(_ask(cli, server, fault), server.url, *words)
+    CliRun.error_line(_ask(cli, server, fault), server.url, *words)
 
 
 def test_a_well_behaved_server_answers(cli, server):
@@ -171,7 +162,7 @@ def test_a_retry_after_past_the_deadline_fails_at_once_saying_429(cli, server):
     """The deadline is total: a 30 s Retry-After against a 3 s deadline is not waited for."""
     started = time.monotonic()
     done = _ask(cli, server, "busy-long", "generator.request_timeout=3", "generator.max_retries=5")
-    _error_line(done, f"{server.url}/v1/completions", "answered 429", "Retry-After: 30", "within 3 s")
+    CliRun.error_line(done, f"{server.url}/v1/completions", "answered 429", "Retry-After: 30", "within 3 s")
     # one try, then the error: waiting the Retry-After (30 s) and trying again would show as a second POST
     assert [method for t, method, _ in server.seen if t >= started].count("POST") == 1
     assert time.monotonic() - started < 30
@@ -180,14 +171,14 @@ def test_a_retry_after_past_the_deadline_fails_at_once_saying_429(cli, server):
 def test_a_dripping_server_is_cut_off_at_the_calls_deadline(cli, server):
     """One byte every 20 ms never trips a per-read timeout; the call's deadline ends it."""
     done = _ask(cli, server, "drip", "generator.request_timeout=1.5")
-    _error_line(done, f"{server.url}/v1/completions", "did not finish its answer within 1.5 s")
+    CliRun.error_line(done, f"{server.url}/v1/completions", "did not finish its answer within 1.5 s")
     started = next(t for t, method, _ in server.seen if method == "POST")
     assert time.monotonic() - started < 1.5 + 2.0  # the deadline, plus what a busy machine adds
 
 
 def test_a_server_busy_forever_gives_up_at_the_deadline_honouring_retry_after(cli, server, caplog):
     done = _ask(cli, server, "busy", "generator.request_timeout=2.5", "generator.max_retries=20")
-    line = _error_line(done, f"{server.url}/v1/models", "within 2.5 s", "tries over", "429, 429")
+    line = CliRun.error_line(done, f"{server.url}/v1/models", "within 2.5 s", "tries over", "429, 429")
     tries = [t for t, _, path in server.seen if path.endswith("/models")]
     assert 2 <= len(tries) <= 4, line  # ~1 s apart, as Retry-After asked, until the deadline
     assert all(b - a >= 0.9 for a, b in zip(tries, tries[1:]))

@@ -121,15 +121,6 @@ def _ask(cli, server, *args: str, decider: str = "never", sets: tuple[str, ...] 
                "--decider", decider, *settings, *args)
 
 
-def _error_line(done: CliRun, *words: str) -> str:
-    assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("rigkit: error:")]
-    assert len(errors) == 1, done.stderr[-2000:]
-    for word in words:
-        assert word in errors[0], errors[0]
-    return errors[0]
-
 
 # -- the transcript as messages --------------------------------------------------------------------
 
@@ -237,14 +228,14 @@ def test_a_well_behaved_chat_server_answers_with_a_retrieval(cli, server):
 
 def test_prob_on_a_server_without_chat_logprobs_fails_before_the_first_call(cli, server):
     server.settings = {"logprobs": False}
-    line = _error_line(_ask(cli, server, decider="prob"), server.url, "logprobs", "marker, keyword")
+    line = CliRun.error_line(_ask(cli, server, decider="prob"), server.url, "logprobs", "marker, keyword")
     assert server.streams == 0, line
 
 
 def test_a_model_the_server_does_not_serve_is_named_with_what_it_serves(cli, server):
     done = cli("ask", "Q?", "--backend", "chat", "--base-url", f"{server.url}/v1", "--model", "llama3:70b",
                "--retriever", f"{server.url}/retrieve", "--decider", "never")
-    _error_line(done, server.url, "'llama3:70b' is not served", MODEL)
+    CliRun.error_line(done, server.url, "'llama3:70b' is not served", MODEL)
 
 
 @pytest.mark.parametrize("fault, stream, words", [
@@ -256,7 +247,7 @@ def test_a_model_the_server_does_not_serve_is_named_with_what_it_serves(cli, ser
 ])
 def test_a_broken_stream_is_one_line(cli, server, fault, stream, words):
     server.settings = {"fault": fault, "stream": stream}
-    _error_line(_ask(cli, server), f"{server.url}/v1/chat/completions", *words)
+    CliRun.error_line(_ask(cli, server), f"{server.url}/v1/chat/completions", *words)
 
 
 def test_a_server_that_drops_the_assistant_prefix_is_one_line(cli, server):
@@ -266,7 +257,7 @@ def test_a_server_that_drops_the_assistant_prefix_is_one_line(cli, server):
             return _words(last["content"] + " And more.")
         return _words("The Apache licence allows use in commercial products. It also needs a notice.")
     server.settings = {"stream": restart}
-    _error_line(_ask(cli, server), server.url, "dropped the assistant message", "continuation: new_turn")
+    CliRun.error_line(_ask(cli, server), server.url, "dropped the assistant message", "continuation: new_turn")
 
 
 def test_a_429_storm_gives_up_within_the_deadline(cli, server, monkeypatch):
@@ -278,7 +269,7 @@ def test_a_429_storm_gives_up_within_the_deadline(cli, server, monkeypatch):
     server.settings = {"fault": "busy-stream"}
     started = time.monotonic()
     # a deadline with room for the probe's own requests on a busy machine, and several 1 s waits
-    _error_line(_ask(cli, server, sets=("generator.request_timeout=8", "generator.max_retries=20")),
+    CliRun.error_line(_ask(cli, server, sets=("generator.request_timeout=8", "generator.max_retries=20")),
                 f"{server.url}/v1/chat/completions", "429")
     assert time.monotonic() - started < 8 + 30  # the deadline, plus one Retry-After wait at most
 
@@ -314,7 +305,7 @@ def test_token_counts_without_a_tokenize_route_follow_the_servers_usage(server):
 
 def test_an_empty_first_reply_is_one_line(cli, server):
     server.settings = {"stream": [_chunk(finish="stop"), {"choices": [], "usage": {"prompt_tokens": 9}}]}
-    _error_line(_ask(cli, server), f"{server.url}/v1/chat/completions", "empty completion")
+    CliRun.error_line(_ask(cli, server), f"{server.url}/v1/chat/completions", "empty completion")
 
 
 def test_an_empty_reply_after_passages_is_left_to_the_controller(server):
