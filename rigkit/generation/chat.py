@@ -156,7 +156,7 @@ class ChatGenerator:
                 reply.read(event)
                 texts, logprobs = reply.answer_tokens()
                 if way == "continue":
-                    self._check_continued(reply.answer_text(), draft)
+                    self._check_continued("".join(texts), draft)
                 end = segment_end(texts, logprobs, stop)
                 upto = len(texts) if end is None else end
                 if on_token is not None:
@@ -261,17 +261,18 @@ class ChatGenerator:
         entropies = reply.answer_entropies()
         keep = len(texts) if end is None else end
         text = "".join(texts[:keep])
-        if not text.strip() and reply.reasoning_text():
+        reasoning = reply.reasoning_text()
+        if not text.strip() and reasoning:
             raise ServerError(
                 f"the model server at {self.base_url}/chat/completions ({self.spec}) wrote only reasoning "
-                f"({len(reply.reasoning_text())} characters) and no answer in {max_new_tokens} tokens; raise "
+                f"({len(reasoning)} characters) and no answer in {max_new_tokens} tokens; raise "
                 "generator.max_segment_tokens or turn the model's thinking off")
         where = f"the model server at {self.base_url}/chat/completions"
         if first:
             check_not_empty(text, reply.finish, where)
         finish = "stop" if end is not None else reply.finish
         segment = Segment(text=text, tokens=texts[:keep], token_ids=[-1] * keep, logprobs=logprobs[:keep],
-                          entropies=entropies[:keep], finish_reason=finish, reasoning=reply.reasoning_text(),
+                          entropies=entropies[:keep], finish_reason=finish, reasoning=reasoning,
                           continuation=way)
         usage = reply.usage or {}
         prompt_len = usage_count(usage, "prompt_tokens", where)

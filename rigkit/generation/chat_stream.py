@@ -100,9 +100,6 @@ class ChatReply:
     def answer_entropies(self) -> list[float]:
         return self.entropies[self._start()[0]:]
 
-    def answer_text(self) -> str:
-        return "".join(self.answer_tokens()[0])
-
     def reasoning_text(self) -> str:
         inline = self._start()[2]
         return ("".join(self.reasoning) + ("\n" if self.reasoning and inline else "") + inline).strip()
