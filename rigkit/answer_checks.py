@@ -68,7 +68,8 @@ class AnswerChecks:
         if not self.config.check_support or self.embed is None or kept is None or not kept.context_ids:
             return
         sentences = split_sentences(self._clean(kept.text))
-        passages = [h for h in self.context.seen_passages if h.chunk_id in set(kept.context_ids)]
+        ids = set(kept.context_ids)
+        passages = [h for h in self.context.seen_passages if h.chunk_id in ids]
         if not sentences or not passages:
             return
         vectors = self.embed(sentences + [f"{h.title}. {h.text}" for h in passages])
@@ -94,7 +95,6 @@ class AnswerChecks:
         return extract_answer(answer, question)
 
 
-
 def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
     """The segment the last of `rounds` added to the answer (None: it added none)."""
     last = rounds[-1]
@@ -117,4 +117,3 @@ def segment_prefix(segment: Segment, cut: int) -> Segment | None:
     return dataclasses.replace(
         segment, text=segment.text[:seen], tokens=segment.tokens[:count], token_ids=segment.token_ids[:count],
         logprobs=segment.logprobs[:count], entropies=segment.entropies[:count], finish_reason="stop", attention=None)
-

@@ -85,12 +85,14 @@ def first_repeat(draft: str, segment: str, min_share: float = 0.8) -> int | None
     whole; the offset is then 0 (nothing of the segment is worth keeping). After a finished
     sentence the segment's own sentences are judged, with or without a space between them.
     """
-    earlier = [draft[s:e] for s, e in sentence_spans(draft)]
     continues = bool(draft.strip()) and not _ENDS_SENTENCE.search(draft.rstrip())
     text, offset = (draft + segment, len(draft)) if continues else (segment, 0)
+    spans = sentence_spans(text)  # split once per round: the draft's spans come with the segment's
     if continues:
-        earlier = [text[s:e] for s, e in sentence_spans(text) if e <= offset]
-    for start, end in sentence_spans(text):
+        earlier = [text[s:e] for s, e in spans if e <= offset]
+    else:
+        earlier = [draft[s:e] for s, e in sentence_spans(draft)]
+    for start, end in spans:
         if end <= offset:
             continue
         if repeated_sentence(text[start:end], earlier, min_share) is not None:
