@@ -10,7 +10,7 @@ from fastapi import Request
 
 from rigkit.errors import InputError, UpstreamError
 from rigkit.serve.metrics import note_outcome
-from rigkit.serve.schemas import RequestError
+from rigkit.serve.schemas import RequestError, history_too_large
 from rigkit.serve.service import RigService
 from rigkit.serve.worker import Job
 
@@ -20,8 +20,6 @@ __all__ = ["Pipe", "ClientGone", "submit", "wait_job", "sse", "error_body", "err
 
 def check_history(history: list[tuple[str, str]], param: str = "history") -> None:
     """Refuse (413) a history over the bounds before any model work is queued."""
-    from rigkit.serve.schemas import history_too_large
-
     problem = history_too_large(history)
     if problem:
         raise RequestError(problem, param, status=413, code="history_too_large")

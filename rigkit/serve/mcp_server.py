@@ -14,7 +14,7 @@ from typing import Any
 
 from rigkit.errors import InputError
 from rigkit.retrieval.filters import parse_filters
-from rigkit.serve.metrics import note_outcome
+from rigkit.serve.jobs import submit
 from rigkit.serve.schemas import history_too_large
 from rigkit.serve.service import RigService, ToolRound, grounding_summary
 from rigkit.serve.tools import declare
@@ -95,12 +95,11 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
         check_question(question)
         turns = check_history(history or [])
         if tools is None:
-            job = service.worker.submit(lambda job: note_outcome(service.ask(job, question, turns)))
+            job = submit(service, None, lambda job: service.ask(job, question, turns))
             return _answer(await asyncio.wrap_future(job.future))
         declared = declare(tools)
         answered = _answered(tool_results or [], declared)
-        job = service.worker.submit(lambda job: note_outcome(
-            service.tool_step(job, question, turns, answered, tools=declared)))
+        job = submit(service, None, lambda job: service.tool_step(job, question, turns, answered, tools=declared))
         step = await asyncio.wrap_future(job.future)
         if step.result is not None:
             return _answer(step.result)
