@@ -107,7 +107,7 @@ def run_ladder(qa: str | Path, out: str | Path, specs: Sequence[str], systems: s
     rungs = parse_rungs(specs)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    old = _read(folder) if is_ladder(folder) else []
+    old = _rungs(_read_data(folder)) if is_ladder(folder) else []
     kept = [r for r in old if r.folder not in {n.folder for n in rungs}]
     atomic_write_text(folder / LADDER_FILE, json.dumps(
         {"qa": str(qa), "systems": systems, "rungs": [asdict(r) for r in [*kept, *rungs]]}, indent=1))
@@ -116,8 +116,11 @@ def run_ladder(qa: str | Path, out: str | Path, specs: Sequence[str], systems: s
     return write_ladder_report(folder)
 
 
-def _read(folder: Path) -> list[Rung]:
-    data = json.loads((folder / LADDER_FILE).read_text(encoding="utf-8"))
+def _read_data(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / LADDER_FILE).read_text(encoding="utf-8"))
+
+
+def _rungs(data: dict[str, Any]) -> list[Rung]:
     return [Rung(r["label"], r.get("size"), dict(r.get("settings") or {})) for r in data.get("rungs", [])]
 
 
@@ -135,16 +138,18 @@ class LadderRow:
     difference: Any  # PairedComparison against rag, or None
 
 
-def ladder_rows(folder: str | Path, baseline: str = "rag") -> list[LadderRow]:
-    """Every (rung, system) of a ladder folder, from its rungs' result lines."""
+def ladder_rows(folder: str | Path, baseline: str = "rag", data: dict[str, Any] | None = None) -> list[LadderRow]:
+    """Every (rung, system) of a ladder folder, from its rungs' result lines (`data`: its ladder
+    file, already read)."""
     from rigkit.eval.decisions import with_type_aware
     from rigkit.eval.paired import compare_systems, per_question, share_interval
     from rigkit.eval.report import load_run
+    from rigkit.eval.runner import RESULTS_FILE
 
     out = []
-    for rung in _read(Path(folder)):
+    for rung in _rungs(data if data is not None else _read_data(Path(folder))):
         path = Path(folder) / rung.folder
-        if not (path / "results.jsonl").exists():
+        if not (path / RESULTS_FILE).exists():
             continue
         _, rows = load_run(path)
         rows = with_type_aware(rows)
@@ -183,11 +188,11 @@ def write_ladder_report(folder: str | Path, baseline: str = "rag") -> Path:
     from rigkit.eval.report import html_table, markdown_table
 
     folder = Path(folder)
-    rows = ladder_rows(folder, baseline)
+    data = _read_data(folder)
+    rows = ladder_rows(folder, baseline, data)
     if not rows:
         raise InputError(f"{folder}: no rung has answers yet")
     table = ladder_table(rows, baseline)
-    data = json.loads((folder / LADDER_FILE).read_text(encoding="utf-8"))
     intro = (f"Model-size ladder: `{data.get('qa')}`, systems `{data.get('systems')}`; each rung's own report "
              f"is in its folder. Type-aware: Cover EM with yes/no and two-option questions scored as such.")
     atomic_write_text(folder / "ladder.md", f"# rigkit ladder\n\n{intro}\n\n{markdown_table(table)}\n")

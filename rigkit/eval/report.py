@@ -327,9 +327,11 @@ def _markdown_table(table: Table) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> str:
+def markdown_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
+                    tables: dict[str, Table] | None = None) -> str:
+    """`tables`: `report_tables`' result when the caller has it already (computed here otherwise)."""
     parts = ["# rigkit evaluation", "", *(line + "  " for line in _describe(meta, rows)), ""]
-    for title, table in report_tables(rows, baseline, meta).items():
+    for title, table in (tables or report_tables(rows, baseline, meta)).items():
         parts += [f"## {title}", "", _markdown_table(table), ""]
     return "\n".join(parts)
 
@@ -373,10 +375,11 @@ padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 th{background:#f3f3f3}.note{color:#555}"""
 
 
-def html_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE) -> str:
+def html_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
+                tables: dict[str, Table] | None = None) -> str:
     parts = [f"<p class='note'>{html.escape(line.replace('`', ''))}</p>"
              for line in _describe(meta, rows)]
-    for title, table in report_tables(rows, baseline, meta).items():
+    for title, table in (tables or report_tables(rows, baseline, meta)).items():
         parts += [f"<h2>{html.escape(title)}</h2>", _html_table(table)]
     for i, (title, fig) in enumerate(report_figures(rows, baseline).items()):
         parts.append(f"<h2>{html.escape(title)}</h2>")
@@ -402,7 +405,8 @@ def write_report(run_dir: str | Path, baseline: str = DEFAULT_BASELINE, compare:
     systems = list(dict.fromkeys(r["system"] for r in rows))
     if baseline != DEFAULT_BASELINE and baseline not in systems:
         raise InputError(f"--baseline {baseline}: not a system of this run; its systems: {', '.join(systems)}")
-    atomic_write_text(folder / "report.md", markdown_report(meta, rows, baseline))
+    tables = report_tables(rows, baseline, meta)  # once: the gold file and the bootstraps serve both files
+    atomic_write_text(folder / "report.md", markdown_report(meta, rows, baseline, tables))
     target = folder / "report.html"
-    atomic_write_text(target, html_report(meta, rows, baseline))
+    atomic_write_text(target, html_report(meta, rows, baseline, tables))
     return target
