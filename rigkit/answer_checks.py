@@ -15,7 +15,7 @@ from typing import Any
 from rigkit.config import ControllerConfig
 from rigkit.context import ContextManager
 from rigkit.generation.protocol import Generator
-from rigkit.guards import first_repeat, ngram_overlap, whole_sentences
+from rigkit.guards import first_repeat, ngram_overlap, phrase_loop_at, whole_sentences
 from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
 from rigkit.text import content_words, split_sentences
 from rigkit.trace import Action, RoundTrace, Segment
@@ -56,11 +56,15 @@ class AnswerChecks:
                 return ""
         return f"the rewrite drops the flagged {' '.join(sorted(flagged))!r} without a supported replacement"
 
-    def _repeat_at(self, segment: Segment) -> int | None:
-        """Where `segment` starts repeating an earlier sentence of the answer (None: it does not)."""
+    def _repeat_at(self, segment: Segment) -> tuple[int, str] | None:
+        """Where `segment` starts repeating the answer, and how: an earlier sentence again
+        ("repeat") or a phrase going round inside its sentence ("phrase loop"); None: it does not."""
         if not self.config.repeat_guard or not segment.text.strip():
             return None
-        return first_repeat(self.context.draft, segment.text, self.config.repeat_overlap)
+        cuts = [(at, kind) for at, kind in (
+            (first_repeat(self.context.draft, segment.text, self.config.repeat_overlap), "repeat"),
+            (phrase_loop_at(self.context.draft, segment.text), "phrase loop")) if at is not None]
+        return min(cuts) if cuts else None
 
     def _check_support(self, rounds: Sequence[RoundTrace]) -> None:
         """`controller.check_support`: the kept segment's sentences against the passages it saw."""

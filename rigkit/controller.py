@@ -147,8 +147,8 @@ class RIGController(AnswerChecks):
             self._restore(run, trace)
         elif run.pending is not None and (fault := self._rewrite_fault(run.rounds, segment)):
             self._fallback(run, trace, fault)
-        elif (cut := self._repeat_at(segment)) is not None:
-            self._cut_repeat(run, trace, cut)
+        elif (repeat := self._repeat_at(segment)) is not None:
+            self._cut_repeat(run, trace, *repeat)
         elif not decision.retrieve:
             run._accept(segment)
         elif self._cannot_retrieve(run, segment):
@@ -261,10 +261,10 @@ class RIGController(AnswerChecks):
         run.done = run.pending.finished
         trace.action, trace.fallback = Action.FALLBACK, reason
 
-    def _cut_repeat(self, run: Run, trace: RoundTrace, cut: int) -> None:
+    def _cut_repeat(self, run: Run, trace: RoundTrace, cut: int, kind: str = "repeat") -> None:
         """Keep the segment up to where it repeats the answer, and end the answer there."""
         segment = trace.segment
-        trace.guards.append(f"repeat: {segment.text[cut:].strip()!r}")
+        trace.guards.append(f"{kind}: {segment.text[cut:].strip()!r}")
         kept = segment_prefix(segment, cut)
         if kept is not None:
             run._accept(kept)

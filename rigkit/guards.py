@@ -2,7 +2,8 @@
 
 Pure functions of text, so they hold for any backend (in-process, served, chat):
 - repetition: a sentence whose word n-grams mostly occur in one earlier sentence repeats it
-  (`repeated_sentence`, `first_repeat`); a rewrite that mostly repeats accepted text
+  (`repeated_sentence`, `first_repeat`); a phrase going round in a loop inside one sentence
+  (`phrase_loop_at`) is cut where it comes back; a rewrite that mostly repeats accepted text
   (`ngram_overlap`) does not earn its place;
 - the end of an answer: `whole_sentences` cuts text that stops mid-sentence back to its last
   sentence end;
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from rigkit.config import QueryConfig
 from rigkit.text import (
+    CJK,
     SENTENCE_END,
     has_cjk,
     has_content,
@@ -31,6 +33,7 @@ __all__ = [
     "ngram_overlap",
     "repeated_sentence",
     "first_repeat",
+    "phrase_loop_at",
     "whole_sentences",
     "near_duplicate",
     "garbage_reason",
@@ -98,6 +101,40 @@ def first_repeat(draft: str, segment: str, min_share: float = 0.8) -> int | None
         if repeated_sentence(text[start:end], earlier, min_share) is not None:
             return max(0, start - offset)
         earlier.append(text[start:end])
+    return None
+
+
+_WORD = re.compile(rf"[{CJK}]|(?:(?![{CJK}])[^\W_])+")  # the words of `words_of`, with their places in the text
+_LOOP_N, _LOOP_TIMES = 4, 3  # a 4-word phrase three times in one sentence: text going round, not prose
+
+
+def phrase_loop_at(draft: str, segment: str) -> int | None:
+    """Character offset in `segment` where a phrase loop inside the current sentence comes back.
+
+    Greedy decoding of a small model can go round one phrase until the budget ends ("... Part 2:
+    The Twilight Saga: Breaking Dawn – Part 2: The Twilight Saga: ..."), never ending a sentence
+    that `first_repeat` could judge. A word 4-gram met a third time in the sentence the segment
+    writes is such a loop; the cut keeps its first round and drops the rest (0: nothing of the
+    segment is worth keeping).
+    """
+    starts = [s for s, _ in sentence_spans(draft)] if draft.strip() else []
+    unfinished = draft.strip() and not _ENDS_SENTENCE.search(draft.rstrip())
+    head = draft[starts[-1]:] if unfinished and starts else ""
+    text, offset = head + segment, len(head)
+    words = [(m.group(0).lower(), m.start()) for m in _WORD.finditer(text)]
+    ends = {m.end() for m in SENTENCE_END.finditer(text)}
+    seen: dict[tuple[str, ...], list[int]] = {}
+    sentence_start = 0
+    for i in range(len(words)):
+        if any(sentence_start <= e <= words[i][1] for e in ends):  # a new sentence: loops start afresh
+            seen, sentence_start = {}, words[i][1]
+        gram = tuple(w for w, _ in words[i : i + _LOOP_N])
+        if len(gram) < _LOOP_N:
+            break
+        places = seen.setdefault(gram, [])
+        places.append(i)
+        if len(places) == _LOOP_TIMES:
+            return max(0, words[places[1]][1] - offset)
     return None
 
 

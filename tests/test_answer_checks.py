@@ -16,6 +16,8 @@ from rigkit.config import ContextConfig, ControllerConfig, GeneratorConfig, Quer
 from rigkit.context import ContextManager
 from rigkit.controller import RIGController
 from rigkit.errors import InputError
+from rigkit.eval.metrics import QAItem, score_result
+from rigkit.guards import phrase_loop_at
 from rigkit.queries import build_query_builder
 from rigkit.testing import (
     AlwaysDecider,
@@ -114,6 +116,45 @@ def test_a_repeat_inside_a_segment_keeps_what_comes_before_it():
     assert result.answer == "Apache-2.0 is permissive. It is old."
     off = make(ScriptedGenerator(segments), NeverDecider(), repeat_guard=False).run("Is it?")
     assert off.answer.count("Apache-2.0 is permissive.") == 2
+
+
+TWILIGHT = "The Twilight Saga: Breaking Dawn – Part 2: " * 7 + "The Twilight Saga"
+BHANWAREY = "Bhanwarey is a film about a young man who is a part of" + " a film about a young man who is a part of" * 6
+
+
+def test_a_phrase_loop_inside_one_sentence_is_found_where_it_comes_back():
+    assert TWILIGHT[phrase_loop_at("", TWILIGHT):].startswith("The Twilight Saga: Breaking Dawn – Part 2: The")
+    assert TWILIGHT[: phrase_loop_at("", TWILIGHT)] == "The Twilight Saga: Breaking Dawn – Part 2: "
+    assert BHANWAREY[: phrase_loop_at("", BHANWAREY)] == "Bhanwarey is a film about a young man who is a part of "
+    # a phrase named twice in a sentence is prose; three times in three sentences is not a loop either
+    assert phrase_loop_at("", "Breaking Dawn Part 1 came before Breaking Dawn Part 2 in the saga.") is None
+    three = "The Twilight Saga film came out. The Twilight Saga film did well. The Twilight Saga film ended."
+    assert phrase_loop_at("", three) is None
+    # the loop may start in the draft's unfinished sentence: the cut falls at the segment's start
+    assert phrase_loop_at("It is. The Twilight Saga: Breaking Dawn – Part 2: The Twilight Saga: Breaking",
+                          " Dawn – Part 2: The Twilight Saga: Breaking Dawn") == 0
+    assert phrase_loop_at("", "许可证许可证许可证许可证。") is not None  # CJK counts characters
+
+
+def test_a_phrase_loop_is_cut_where_it_comes_back_and_the_answer_ends():
+    segments = [make_segment(TWILIGHT, finish_reason="length"), " More."]
+    result = make(ScriptedGenerator(segments), NeverDecider()).run("Which film came out later?")
+    assert result.answer == "The Twilight Saga: Breaking Dawn – Part 2:"
+    assert result.rounds[-1].action is Action.REPEAT and result.rounds[-1].guards[0].startswith("phrase loop:")
+    line = score_result(result, QAItem(id="q", question="Which film?", answer="Breaking Dawn"))
+    assert (line["repeats_cut"], line["query_guard_hits"], line["ends_mid_sentence"], line["cut_mid_sentence"]) == (1, 0, 1, 1)
+    off = make(ScriptedGenerator(segments), NeverDecider(), repeat_guard=False).run("Which film?")
+    assert off.answer.count("Breaking Dawn") == 7
+
+
+def test_a_phrase_the_model_ends_on_is_unfinished_but_not_cut():
+    ended = make(ScriptedGenerator([make_segment("Letitia Green Stevenson (1843 – 1913)", finish_reason="end_of_turn")]),
+                 NeverDecider()).run("Who was she?")
+    line = score_result(ended, QAItem(id="q", question="Who was she?", answer="Letitia"))
+    assert (line["ends_mid_sentence"], line["cut_mid_sentence"]) == (1, 0)
+    budget = make(ScriptedGenerator([make_segment("Apache allows", finish_reason="length")]), NeverDecider()).run("Is it?")
+    line = score_result(budget, QAItem(id="q", question="Is it?", answer="yes"))
+    assert (line["ends_mid_sentence"], line["cut_mid_sentence"]) == (1, 1)
 
 
 def test_an_answer_out_of_budget_mid_sentence_is_trimmed_and_the_trace_says_so():

@@ -51,6 +51,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("unsupported_flagged", "Unsupported flagged/q", "{:.2f}"),
     ("repeated_sentences", "Repeated sentences/q", "{:.3f}"),
     ("ends_mid_sentence", "Ends mid-sentence", "{:.3f}"),
+    ("cut_mid_sentence", "Cut mid-sentence", "{:.3f}"),
 )
 
 # Shares of a count, pooled over a run's questions (sum / sum) rather than averaged per question:

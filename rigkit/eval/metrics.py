@@ -261,14 +261,20 @@ def _guard_counts(result: RIGResult, answer: str) -> dict[str, Any]:
     sentences = split_sentences(answer)
     repeated = sum(repeated_sentence(s, sentences[:i]) is not None for i, s in enumerate(sentences))
     guards = [g for r in result.rounds for g in r.guards]
+    unfinished = bool(answer.strip()) and whole_sentences(answer) != answer
+    last = next((r for r in reversed(result.rounds) if r.segment.text.strip()), None)  # the one that wrote the end
     return {
         "fallbacks": sum(r.action is Action.FALLBACK for r in result.rounds),
         "repeats_cut": sum(r.action is Action.REPEAT for r in result.rounds),
-        "query_guard_hits": sum(not g.startswith("repeat:") for g in guards),
+        "query_guard_hits": sum(not g.startswith(("repeat:", "phrase loop:")) for g in guards),
         "trimmed": int(bool(result.trimmed)),
         "unsupported_flagged": sum(len(r.unsupported) for r in result.rounds),
         "repeated_sentences": repeated,
-        "ends_mid_sentence": int(bool(answer.strip()) and whole_sentences(answer) != answer),
+        "ends_mid_sentence": int(unfinished),
+        # unfinished because generation was cut (the token budget, or a guard cutting a repeat or
+        # phrase loop), not because the model itself ended its turn after a phrase ("Letitia Green
+        # Stevenson (1843 – 1913)")
+        "cut_mid_sentence": int(unfinished and bool(last) and (last.action is Action.REPEAT or not last.segment.finished)),
     }
 
 

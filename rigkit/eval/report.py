@@ -50,7 +50,7 @@ HEADLINE = ("em_short", "f1_short", "cover_em", "f1", "support_recall", "retriev
             "tokens_prefilled")
 # what the loop's guards did, and the final text's repeated sentences and unfinished endings
 GUARDS = ("fallbacks", "repeats_cut", "query_guard_hits", "trimmed", "unsupported_flagged",
-          "repeated_sentences", "ends_mid_sentence")
+          "repeated_sentences", "ends_mid_sentence", "cut_mid_sentence")
 CLOSED_BOOK = "closed_book"  # the reference of the harm table's first count
 BY_TYPE = ("em_short", "em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
