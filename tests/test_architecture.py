@@ -47,9 +47,6 @@ IN_FOLDER_CIRCLES = {
     # opening an index dispatches on its kind to attach, which builds on index and storage
     frozenset({"rigkit.retrieval.attach", "rigkit.retrieval.index", "rigkit.retrieval.reuse",
                "rigkit.retrieval.storage"}),
-    # the gold systems: systems builds rag:gold / rig:oracle from oracle, whose rag:gold answers
-    # through systems' answer_with_passages (both imports lazy)
-    frozenset({"rigkit.eval.oracle", "rigkit.eval.systems"}),
 }
 # Turning a config into a part: the defining package and rigkit.build call these, nobody else.
 FACTORIES = {

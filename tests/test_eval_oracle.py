@@ -13,7 +13,7 @@ from rigkit.eval.experiment import evaluate
 from rigkit.eval.gold import gold_chain, load_gold, pid_of
 from rigkit.eval.oracle import OracleDecider, OracleQuery, by_question, gold_hits
 from rigkit.eval.runner import read_results
-from rigkit.eval.systems import build_systems, parse_system, parse_systems
+from rigkit.eval.systems import answer_with_gold, build_systems, parse_system, parse_systems
 from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
 from rigkit.trace import Hit
 
@@ -91,6 +91,8 @@ def test_oracle_refuses_a_question_without_gold_and_systems_without_gold_data():
     decider = OracleDecider({})
     with pytest.raises(InputError, match="no gold chain"):
         decider.decide(make_segment("x"), DecisionState(question="unknown?"))
+    with pytest.raises(InputError, match="no gold chain"):  # rag:gold, straight from systems
+        answer_with_gold(ScriptedGenerator([]), "unknown?", by_question({"x": gold_chain(WIKI)}))
     for name in ("rig:oracle", "rag:gold"):
         with pytest.raises(InputError, match="reads the gold data"):
             build_systems([parse_system(name)], RunConfig(), ScriptedGenerator([]), DictRetriever({}))

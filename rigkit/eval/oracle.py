@@ -7,7 +7,8 @@
   next, as a perfect decider could not do better with this retriever. The segment that fired is
   written again with the passages (policy "regenerate"), and the oracle may retrieve once per hop
   (`max_rounds` is raised to the longest chain, never lowered).
-- `rag:gold`: the gold paragraphs, in hop order, put before the question; nothing retrieved.
+- `rag:gold`: the gold paragraphs (`gold_hits`), in hop order, put before the question; nothing
+  retrieved (answered by `rigkit.eval.systems.answer_with_gold`).
 
 The gold data reaches these systems only through their construction (`gold`: question text ->
 `GoldChain`); the controller, deciders and query builders of every other system never see it.
@@ -23,10 +24,9 @@ from rigkit.config import RunConfig
 from rigkit.deciders.base import DecisionState
 from rigkit.errors import InputError
 from rigkit.eval.gold import GoldChain, pid_of
-from rigkit.trace import Decision, Hit, Query, RIGResult, Segment
+from rigkit.trace import Decision, Hit, Query, Segment
 
-__all__ = ["OracleDecider", "OracleQuery", "gold_hits", "oracle_controller", "answer_with_gold",
-           "by_question"]
+__all__ = ["OracleDecider", "OracleQuery", "chain_for", "gold_hits", "oracle_controller", "by_question"]
 
 
 def by_question(chains: Mapping[str, GoldChain]) -> dict[str, GoldChain]:
@@ -34,7 +34,8 @@ def by_question(chains: Mapping[str, GoldChain]) -> dict[str, GoldChain]:
     return {chain.question: chain for chain in chains.values()}
 
 
-def _chain(gold: Mapping[str, GoldChain], question: str) -> GoldChain:
+def chain_for(gold: Mapping[str, GoldChain], question: str) -> GoldChain:
+    """The gold chain of `question`; a question outside the QA file is a clear error."""
     chain = gold.get(question)
     if chain is None:
         raise InputError(f"no gold chain for the question {question[:80]!r}: oracle systems answer "
@@ -55,7 +56,7 @@ class OracleDecider:
     def decide(self, segment: Segment, state: DecisionState) -> Decision:
         if state.round_index == 0:  # a new question: nothing asked yet
             self._asked = set()
-        chain = _chain(self.gold, state.question)
+        chain = chain_for(self.gold, state.question)
         in_context = {pid_of(h.chunk_id) for h in state.passages} | {h.doc_id for h in state.passages}
         for i, hop in enumerate(chain.hops):
             if i in self._asked or (hop.pid is not None and hop.pid in in_context):
@@ -96,12 +97,3 @@ def oracle_controller(config: RunConfig, generator: Any, retriever: Any, gold: M
                                                                         policy="auto"))
     return assemble(config, generator, retriever, OracleDecider(gold), query_builder=OracleQuery())
 
-
-def answer_with_gold(generator: Any, question: str, gold: Mapping[str, GoldChain],
-                     config: RunConfig | None = None) -> RIGResult:
-    """`rag:gold`: the gold paragraphs before the question, one generation."""
-    from rigkit.eval.systems import answer_with_passages
-
-    result = answer_with_passages(generator, question, gold_hits(_chain(gold, question)), config)
-    result.used_retrieval_times = max(result.used_retrieval_times, 1)
-    return result

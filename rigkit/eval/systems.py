@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,8 @@ from rigkit.errors import InputError
 from rigkit.trace import Hit, RIGResult
 
 __all__ = ["SystemSpec", "System", "parse_system", "parse_systems", "system_config", "build_system",
-           "build_systems", "load_parts", "answer_closed_book", "answer_with_passages", "needs_gold"]
+           "build_systems", "load_parts", "answer_closed_book", "answer_with_passages", "answer_with_gold",
+           "needs_gold"]
 
 LAYOUTS = ("append", "prefix")
 GOLD_KINDS = ("oracle", "gold")
@@ -142,6 +143,17 @@ def answer_with_passages(
     return _no_loop(generator, config).run(question, passages=hits)
 
 
+def answer_with_gold(generator: Any, question: str, gold: Mapping[str, Any],
+                     config: RunConfig | None = None) -> RIGResult:
+    """`rag:gold`: the gold paragraphs of `question` (from `gold`, question text -> `GoldChain`)
+    before the question, one generation."""
+    from rigkit.eval.oracle import chain_for, gold_hits
+
+    result = answer_with_passages(generator, question, gold_hits(chain_for(gold, question)), config)
+    result.used_retrieval_times = max(result.used_retrieval_times, 1)
+    return result
+
+
 def _no_loop(generator: Any, config: RunConfig | None):
     """The controller with a decider that never fires and a retriever that finds nothing."""
     from rigkit.build import assemble
@@ -206,7 +218,7 @@ def _gold_system(spec: SystemSpec, cfg: RunConfig, generator: Any, retriever: An
         raise InputError(f"system {spec.name!r} reads the gold data: evaluate it on a QA file "
                          "with supporting paragraphs (rigkit eval --qa data/<set>/qa.jsonl)")
     if spec.kind == "gold":
-        return System(spec, cfg, lambda q, seed: oracle.answer_with_gold(generator, q, gold, _seeded(cfg, seed)))
+        return System(spec, cfg, lambda q, seed: answer_with_gold(generator, q, gold, _seeded(cfg, seed)))
     if retriever is None:
         raise InputError(f"system {spec.name!r} needs an index (--index or retrieval.index)")
     controllers: dict[int, Any] = {}
