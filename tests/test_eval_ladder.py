@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +79,18 @@ def test_ladder_runs_each_rung_into_its_folder_and_tables_them(tmp_path, capsys)
     (out / "ladder.md").unlink()
     assert main(["report", str(out)]) == 0
     assert "| big | 1.5 | rag | 3 |" in capsys.readouterr().out and (out / "ladder.md").exists()
+    # --out: the ladder's report goes there, the ladder folder is left as it was
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    elsewhere = tmp_path / "elsewhere"
+    assert main(["report", str(out), "--out", str(elsewhere), "--json"]) == 0
+    paths = json.loads(capsys.readouterr().out)
+    assert paths == {"html": str(elsewhere / "ladder.html"), "markdown": str(elsewhere / "ladder.md")}
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["ladder.html", "ladder.md"]
+    assert "| big | 1.5 | rag | 3 |" in (elsewhere / "ladder.md").read_text() and f"under `{out}`" in (
+        elsewhere / "ladder.md").read_text()
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert main(["report", str(out), "--compare", str(out / "big")]) != 0
+    assert "is a ladder folder" in capsys.readouterr().err
 
 
 def test_ladder_cli_checks_specs_before_loading_a_model(tmp_path, capsys):
@@ -84,3 +98,23 @@ def test_ladder_cli_checks_specs_before_loading_a_model(tmp_path, capsys):
                  "--out", str(tmp_path / "x")])
     assert code != 0 and "share a label" in capsys.readouterr().err
 
+
+
+def test_report_rebuilds_both_files_of_the_committed_ladder(tmp_path, capsys):
+    """docs/evaluation.md: `rigkit report` on the committed ladder folder rebuilds ladder.md and
+    ladder.html; the rows it prints are the documented table's (model, system, questions, Cover EM)."""
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "docs" / "results" / "ladder" / "2wikimultihopqa"
+    assert main(["report", str(folder), "--out", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ladder.html", "ladder.md"]
+    assert "plotly" in (tmp_path / "ladder.html").read_text(encoding="utf-8")
+
+    def rows(text: str) -> list[tuple[str, ...]]:
+        found = re.findall(r"^\| (\S+) \| [\d.]+ \| (\S+) \| (\d+) \| [^|]+ \| 0?(\.\d+) \|", text, re.MULTILINE)
+        return [tuple(r) for r in found]
+
+    doc = (root / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### The model-size ladder"):doc.index("## What changed in the numbers")]
+    rebuilt = rows((tmp_path / "ladder.md").read_text(encoding="utf-8"))
+    assert len(rebuilt) == 4 and rebuilt == rows(section)

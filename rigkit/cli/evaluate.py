@@ -92,14 +92,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mg.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     mg.set_defaults(func=_run_merge)
 
-    rp = subparsers.add_parser("report", help="write DIR/report.html and DIR/report.md")
-    rp.add_argument("dir", help="a run folder written by `rigkit eval`")
+    rp = subparsers.add_parser("report", help="write DIR/report.html and DIR/report.md (a ladder folder: "
+                                              "DIR/ladder.html and DIR/ladder.md)")
+    rp.add_argument("dir", help="a run folder written by `rigkit eval`, or a ladder folder (`rigkit ladder`)")
     rp.add_argument("--baseline", default="rag",
                     help="the system every other is compared with, question by question (default rag)")
     rp.add_argument("--compare", action="append", default=[], metavar="DIR[=LABEL]",
                     help="add the systems of another run over the same questions as `system [LABEL]` "
                          "(label: the folder name), paired against the baseline too (repeatable)")
-    rp.add_argument("--out", help="folder for report.md and report.html (default: DIR)")
+    rp.add_argument("--out", help="folder for report.md and report.html, or a ladder folder's ladder.md "
+                                  "and ladder.html (default: DIR)")
     rp.add_argument("--json", action="store_true", help="print the paths as JSON on stdout")
     rp.set_defaults(func=_run_report)
 
@@ -189,16 +191,19 @@ def _run_merge(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    from rigkit.errors import InputError
     from rigkit.eval.ladder import is_ladder, write_ladder_report
     from rigkit.eval.report import write_report
 
     if is_ladder(args.dir):  # a ladder folder: the ladder's table and figure
-        path = write_ladder_report(args.dir, args.baseline)
+        if args.compare:
+            raise InputError(f"--compare: {args.dir} is a ladder folder; compare its rung folders "
+                             f"(rigkit report {Path(args.dir) / '<rung>'} --compare ...)")
+        path = write_ladder_report(args.dir, args.baseline, args.out)
         md = path.with_name("ladder.md")
-        print(json.dumps({"html": str(path), "markdown": str(md)}) if args.json else md.read_text(encoding="utf-8"))
-        return 0
-    path = write_report(args.dir, args.baseline, args.compare, args.out)
-    md = path.with_name("report.md")
+    else:
+        path = write_report(args.dir, args.baseline, args.compare, args.out)
+        md = path.with_name("report.md")
     if args.json:
         print(json.dumps({"html": str(path), "markdown": str(md)}))
     else:

@@ -182,8 +182,9 @@ def ladder_table(rows: Sequence[LadderRow], baseline: str = "rag") -> tuple[list
     return header, body
 
 
-def write_ladder_report(folder: str | Path, baseline: str = "rag") -> Path:
-    """`ladder.md` (the table) and `ladder.html` (table and figure) in the ladder folder."""
+def write_ladder_report(folder: str | Path, baseline: str = "rag", out: str | Path | None = None) -> Path:
+    """`ladder.md` (the table) and `ladder.html` (table and figure) in `out` (default: the ladder
+    folder); returns the HTML path."""
     from rigkit.eval.figures import ladder_figure
     from rigkit.eval.report import html_table, markdown_table
 
@@ -192,14 +193,17 @@ def write_ladder_report(folder: str | Path, baseline: str = "rag") -> Path:
     rows = ladder_rows(folder, baseline, data)
     if not rows:
         raise InputError(f"{folder}: no rung has answers yet")
+    target_dir = Path(out) if out is not None else folder
+    target_dir.mkdir(parents=True, exist_ok=True)
     table = ladder_table(rows, baseline)
+    where = "" if target_dir.resolve() == folder.resolve() else f" under `{folder}`"
     intro = (f"Model-size ladder: `{data.get('qa')}`, systems `{data.get('systems')}`; each rung's own report "
-             f"is in its folder. Type-aware: Cover EM with yes/no and two-option questions scored as such.")
-    atomic_write_text(folder / "ladder.md", f"# rigkit ladder\n\n{intro}\n\n{markdown_table(table)}\n")
+             f"is in its folder{where}. Type-aware: Cover EM with yes/no and two-option questions scored as such.")
+    atomic_write_text(target_dir / "ladder.md", f"# rigkit ladder\n\n{intro}\n\n{markdown_table(table)}\n")
     fig = ladder_figure(rows, baseline)
     html = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>rigkit ladder</title></head><body>"
             f"<h1>rigkit ladder</h1><p>{intro.replace('`', '')}</p>{html_table(table)}"
             f"{fig.to_html(full_html=False, include_plotlyjs=True, default_width='100%')}</body></html>")
-    target = folder / "ladder.html"
+    target = target_dir / "ladder.html"
     atomic_write_text(target, html)
     return target
