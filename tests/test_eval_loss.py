@@ -21,10 +21,11 @@ from rigkit.eval.decisions import (
     with_type_aware,
 )
 from rigkit.eval.gold import GoldChain, GoldHop
-from rigkit.eval.hops import hop_record, hop_records, hop_rows, hop_table
+from rigkit.eval.hops import hop_record, hop_records, hop_rows, hop_table, retrievals_of
 from rigkit.eval.loss import ceiling_table, loss_tables
 from rigkit.eval.paired import ratio_interval, share_interval
 from rigkit.eval.report import markdown_report
+from rigkit.eval.runner import summarize_result
 
 
 def _chain(qid: str) -> GoldChain:
@@ -114,6 +115,51 @@ def test_per_hop_records_and_table():
     # b: rig never searched, so the closest query is None; d: its one query missed hop 2
     second = {r["id"]: r for r in hop_rows(records) if r["system"] == "rig:prob"}
     assert second["b"]["query"] is None and second["d"] == {**second["d"], "found_in": None, "query": "first hop"}
+
+
+def test_per_hop_counts_only_the_searches_that_ran():
+    # a: searched "q a1" (p1); the guard dropped the near-duplicate "q a1 again" (a skipped round
+    # that keeps its query); the next query failed; then "q a2" found p2: two searches ran
+    line = _row("a", "rig:prob", 0, 2, [
+        _round(True, "continue", "q a1", ["p1"]), _round(True, "skip", "q a1 again"),
+        {**_round(True, "accept", "q broken"), "error": "RuntimeError: down"},
+        _round(True, "continue", "q a2", ["p2"]), _round(False, "accept")])
+    assert [(s.index, s.query, s.pids) for s in retrievals_of(line)] == [(1, "q a1", ("p1",)), (2, "q a2", ("p2",))]
+    record = hop_record(line, GOLD["a"])
+    assert record.found == [1, 2] and record.retrievals == 2  # hop 2 in the 2nd search, not the 4th round
+    # a miss keeps the closest query among those searched, never the dropped one
+    missed = _row("b", "rig:prob", 0, 1, [_round(True, "continue", "q b1", ["px"]),
+                                          _round(True, "skip", "second hop query")])
+    assert hop_record(missed, GOLD["b"]).queries == ["q b1", "q b1"]
+
+
+def test_the_loop_records_a_guarded_search_as_one_the_hop_count_leaves_out():
+    """The same through the real controller: a repeated query is dropped by its query guard."""
+    from rigkit.build import assemble
+    from rigkit.config import RunConfig
+    from rigkit.testing import DictRetriever, ScriptedGenerator
+    from rigkit.trace import Decision, Hit, Query
+
+    class Fire:
+        name, policy = "fire", "continue"
+
+        def decide(self, segment, state):
+            return Decision(True, 1.0, "always", decider=self.name)
+
+    class Same:
+        mode = "fixed"
+
+        def build(self, question, draft, decision, state=None):
+            return Query(text="first hop query", mode=self.mode)
+
+    retriever = DictRetriever({"first hop": [Hit("p1#0", "p1", "First", "The bridge is Bridge.", 1.0)]})
+    loop = assemble(RunConfig(), ScriptedGenerator(["One.", "Two.", "Three."]), retriever, Fire(), query_builder=Same())
+    result = loop.run("question a?")
+    assert retriever.queries == ["first hop query"] and any(r.guards for r in result.rounds)
+    line = {**_row("a", "rig:prob", 0, result.used_retrieval_times), "summary": summarize_result(result)}
+    assert sum(r["query"] is not None for r in line["summary"]["rounds"]) == 3
+    assert [s.query for s in retrievals_of(line)] == ["first hop query"]
+    assert hop_record(line, GOLD["a"]).retrievals == result.used_retrieval_times == 1
 
 
 def test_ceilings_table_reads_every_gold_paragraph_in_context():

@@ -1,7 +1,7 @@
 """Per-hop retrieval recall: which gold paragraph each retrieval found, hop by hop.
 
 Read from the result lines alone (no model): a line's `summary.rounds` hold each retrieval's
-query and hit chunk ids, and `summary.upfront` the passages plain RAG put before the question
+query and hit chunk ids (a round whose search did not run, `searched`, is not a retrieval), and `summary.upfront` the passages plain RAG put before the question
 (searched with the question itself). Matched against the question's gold chain
 (`rigkit.eval.gold`: MuSiQue's hop order, 2Wiki's supporting facts), each answer gets, per hop,
 the retrieval (1-based, in the order they happened) that first found its paragraph, or None.
@@ -23,7 +23,7 @@ from rigkit.eval.answers import token_f1
 from rigkit.eval.gold import GoldChain, pid_of
 from rigkit.eval.paired import Share, mcnemar_exact, paired_bootstrap, share_interval, wins_losses
 
-__all__ = ["Retrieval", "HopRecord", "retrievals_of", "hop_record", "hop_records", "hop_table",
+__all__ = ["Retrieval", "HopRecord", "retrievals_of", "searched", "hop_record", "hop_records", "hop_table",
            "hop_rows", "hop_type_table", "hop2_found"]
 
 
@@ -64,9 +64,17 @@ def retrievals_of(row: dict[str, Any]) -> list[Retrieval] | None:
     elif row.get("retrievals") and not any(r.get("query") for r in summary["rounds"]):
         return None  # plain RAG from before `upfront` was kept: its passages are unknown
     for rnd in summary["rounds"]:
-        if rnd.get("query") is not None and not rnd.get("error"):
+        if searched(rnd):
             out.append(Retrieval(len(out) + 1, rnd["query"], tuple(pid_of(c) for c in rnd.get("hits", []))))
     return out
+
+
+def searched(rnd: dict[str, Any]) -> bool:
+    """Whether a round of a result line ran a search. A round can hold a query that was never
+    searched: the query failed to build or the search failed (`error`), or the loop's query guard
+    dropped every search it named as a near-duplicate, empty or garbage (`rigkit.guards.QueryGuard`),
+    which the loop records as a skipped round (action "skip") with its query kept for the trace."""
+    return rnd.get("query") is not None and not rnd.get("error") and rnd.get("action") != "skip"
 
 
 def hop_record(row: dict[str, Any], chain: GoldChain) -> HopRecord | None:
