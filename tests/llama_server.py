@@ -4,7 +4,10 @@
 one model parameter changed: `use_extra_bufts` off. With it on (llama.cpp's default), weights are
 repacked for the CPU's AMX units where the CPU has them, and on such CPUs llama-cpp-python 0.3.36
 crashes (segmentation fault in `llama_decode`) on the first prompt longer than one token.
-`running(gguf, alias, log)` starts it on a free loopback port and yields its `/v1` URL.
+`running(gguf, alias, log)` starts it on a free loopback port and yields its `/v1` URL, with
+`--interrupt_requests false`: by default the server ends a streaming reply early (`[DONE]` with no
+finish reason, often before the first word) whenever another request arrives, so concurrent
+callers (`rigkit eval` / `rigkit ladder` with `--concurrency` above 1) would get cut replies.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def running(gguf: str | Path, alias: str, log: Path, *extra: str) -> Iterator[st
     port = free_port()
     cmd = [sys.executable, "-m", "tests.llama_server", "--model", str(gguf), "--model_alias", alias,
            "--host", "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", "4096",
-           "--n_threads", "1", *extra]  # one thread: OpenMP workers spin badly on a shared 2-core machine
+           "--n_threads", "1",  # one thread: OpenMP workers spin badly on a shared 2-core machine
+           "--interrupt_requests", "false", *extra]  # requests queue instead of cutting each other off
     root = Path(__file__).resolve().parents[1]
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root)

@@ -83,6 +83,7 @@ class Misbehaving(BaseHTTPRequestHandler):
                                     '"token_logprobs": [NaN], "top_logprobs": [{"It": NaN}]}}]}',
                                     _token(" is", finish="stop")),
             "cut-stream": _events(_token("It"), _token(" is"), done=False),
+            "done-first": _events(_token("It"), _token(" is")),  # [DONE] with no finish_reason: cut short
             "event-list": _events('[{"text": "It"}]'),
             "empty": _events({"choices": [{"text": "", "index": 0, "finish_reason": "stop"}]}),
             "specials": _events(_token("It"), _token(" is"), _token(" tall"), _token("<|im_end|>"),
@@ -138,6 +139,7 @@ def _ask(cli, server, fault: str, *settings: str) -> CliRun:
     ("nan-logprobs", ["/v1/completions", "NaN"]),
     ("no-content", ["/v1/completions", "204"]),
     ("cut-stream", ["/v1/completions", "before the answer ended"]),
+    ("done-first", ["/v1/completions", "[DONE] before any finish_reason", "cut short"]),
     ("event-list", ["/v1/completions", "where an object belongs"]),
     ("empty", ["/v1/completions", "empty completion", "where the answer starts"]),
 ])

@@ -164,3 +164,33 @@ def test_rigkit_serve_streams_a_chat_backed_answer(vllm_url):
     chunks = [json.loads(f) for f in frames[:-1]]
     pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks if c.get("choices")]
     assert sum(1 for p in pieces if p) >= 3 and "".join(pieces).strip()  # streamed in pieces
+
+
+def test_a_ladder_rung_served_by_llama_cpp_through_the_chat_backend(llama_url, tmp_path):
+    """`rigkit ladder` with one chat-backed rung (llama.cpp's server, the default GGUF) on the first
+    two 2Wiki test questions, two answered at once: every answer comes back whole, and the ladder
+    folder and table hold the rung."""
+    out = tmp_path / "ladder"
+    rung = f"model={UNKNOWN},backend=chat,base_url={llama_url},label=smollm2-llamacpp,size=0.135"
+    cmd = [sys.executable, "-m", "rigkit.cli", "ladder", "--qa", str(ROOT / "data" / "2wikimultihopqa" / "qa.jsonl"),
+           "--split", "test", "--limit", "2", "--config", CPU, "--set",
+           f"retrieval.corpus={ROOT / 'data' / '2wikimultihopqa' / 'corpus.jsonl'}", "--set", TIMEOUT,
+           "--systems", "rag,rig:prob", "--concurrency", "2", "--no-progress", "--model", rung, "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["ladder.html", "ladder.json", "ladder.md", "smollm2-llamacpp"]
+    ladder = json.loads((out / "ladder.json").read_text())
+    assert ladder["rungs"] == [{"label": "smollm2-llamacpp", "size": 0.135, "settings": {
+        "model": UNKNOWN, "backend": "chat", "base_url": llama_url}}]
+    meta = json.loads((out / "smollm2-llamacpp" / "meta.json").read_text())
+    assert (meta["config"]["generator"]["backend"], meta["config"]["generator"]["base_url"]) == ("chat", llama_url)
+    rows = [json.loads(line) for line in (out / "smollm2-llamacpp" / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["system"], r["id"]) for r in rows) == sorted(
+        (s, q) for s in ("rag", "rig:prob") for q in {r["id"] for r in rows})
+    assert len(rows) == 4 and not any(r.get("error") for r in rows)
+    assert all(r["answer"].strip() and r["summary"]["tokens"]["generated"] > 0 for r in rows)
+    assert all(r["retrievals"] >= 1 for r in rows if r["system"] == "rag")
+    table = (out / "ladder.md").read_text()
+    for system in ("rag", "rig:prob"):
+        assert f"| smollm2-llamacpp | 0.135 | {system} | 2 |" in table
+    assert done.stdout.strip().startswith("# rigkit ladder") and "plotly" in (out / "ladder.html").read_text()

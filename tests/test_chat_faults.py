@@ -244,6 +244,10 @@ def test_a_model_the_server_does_not_serve_is_named_with_what_it_serves(cli, ser
     ("", b"data: <html>oops</html>\n\n", ["not JSON", "oops"]),
     ("", _sse([_chunk(reasoning="Thinking hard, forever."), _chunk(finish="length")]), ["only reasoning"]),
     ("", _sse([_chunk("<think>Thinking hard"), _chunk(finish="length")]), ["only reasoning"]),
+    # llama-cpp-python's server cut by another request: its role chunk (or a few words), then [DONE]
+    ("", _sse([{"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}]),
+     ["[DONE] before any finish_reason", "after 1 events", "--interrupt_requests false"]),
+    ("", _sse(_words("It is one. It is")[:3]), ["[DONE] before any finish_reason", "cut short"]),
 ])
 def test_a_broken_stream_is_one_line(cli, server, fault, stream, words):
     server.settings = {"fault": fault, "stream": stream}

@@ -357,7 +357,10 @@ def test_special_token_tags_are_kept_over_vllm_and_requested_from_sglang():
         if request.url.path.endswith("/models"):
             return httpx.Response(200, json={"data": [{"id": "m", "owned_by": "vllm"}]})
         seen.append(json.loads(request.content))
-        return httpx.Response(200, content=_sse([_token_event(f"token_id:{i}", top={}) for i in ids]))
+        # vLLM stops on the tag (a stop string) and says so on its last token
+        return httpx.Response(200, content=_sse([_token_event(f"token_id:{i}", top={},
+                                                               finish="stop" if i == ids[-1] else None)
+                                                 for i in ids]))
 
     seen: list[dict] = []
     generator = OpenAIGenerator(URL, "m", tokenizer, transport=httpx.MockTransport(vllm))

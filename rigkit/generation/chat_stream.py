@@ -117,7 +117,11 @@ class ChatReply:
 
 def stream_events(client: ServerClient, path: str, body: dict) -> Iterator[dict]:
     """Parsed server-sent events of a streamed reply, until `[DONE]` or the caller stops; a stream
-    that ends with neither `[DONE]` nor a finish reason (cut off, empty) is refused."""
+    that ends before a finish reason (cut off, empty, or `[DONE]` first) is refused.
+
+    `[DONE]` before any finish reason is a reply cut short, not one that ran to its token limit:
+    llama-cpp-python's server ends a stream that way when another request arrives while it streams
+    (unless started with `--interrupt_requests false`), often before the first word."""
     where = f"the model server at {client.base_url}{path}"
     lines = client.stream_lines("POST", path, body)
     finished, events = False, 0
@@ -127,6 +131,12 @@ def stream_events(client: ServerClient, path: str, body: dict) -> Iterator[dict]
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                if not finished:
+                    raise ServerError(
+                        f"{where} ended its stream with [DONE] before any finish_reason (after {events} "
+                        "events): the reply was cut short, e.g. by the server taking another request "
+                        "(llama-cpp-python's server: start it with --interrupt_requests false, or use "
+                        "--concurrency 1)")
                 return
             event = read_event(read_json(data, where), where)
             finished = finished or any(c.get("finish_reason") for c in event.get("choices") or [])
