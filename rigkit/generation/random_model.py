@@ -2,8 +2,8 @@
 (placement on a device, KV-cache reuse, crop, the deciders' model internals) that need no
 trained weights and no download. Their text is noise; their mechanics are the real model's.
 
-`tiny_parts` is a 2-layer Llama with a word-level tokenizer (the test suite's model);
-`random_parts` is the architecture of a model folder's `config.json` with its own tokenizer and
+`tiny_parts` is a 2-layer Llama with a word-level tokenizer (the test suite's model,
+`tests/tiny_model.py`); `random_parts` is the architecture of a model folder's `config.json` with its own tokenizer and
 chat template (only those small files are read, never weights). `save_model` writes either as
 a model folder that `rigkit.build.build_generator` loads like any other (`generator.model=DIR`).
 """
@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import ModelNotFoundError
-from rigkit.generation.hf import HFGenerator
 
-__all__ = ["CHAT_TEMPLATE", "WORDS", "random_parts", "save_model", "tiny_generator", "tiny_parts"]
+__all__ = ["CHAT_TEMPLATE", "WORDS", "random_parts", "save_model", "tiny_parts"]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -52,17 +51,6 @@ def tiny_parts(seed: int = 0, layers: int = 2) -> tuple[Any, Any]:
         initializer_range=0.5,  # peaked next-token distributions: greedy text is not one token repeated
     )
     return LlamaForCausalLM(config).eval(), tokenizer
-
-
-def tiny_generator(seed: int = 0, use_cache: bool = True, layers: int = 2, device: str = "cpu",
-                   dtype: str = "float32") -> HFGenerator:
-    """`tiny_parts` on `device` in `dtype`, as an `HFGenerator` (the same weights for a seed
-    on every device: they are drawn on the CPU in float32, then moved)."""
-    import torch
-
-    model, tokenizer = tiny_parts(seed, layers)
-    model = model.to(device=device, dtype=getattr(torch, dtype))
-    return HFGenerator(model, tokenizer, spec="tiny-random", source="test", use_cache=use_cache)
 
 
 def random_parts(folder: str | Path, seed: int = 0) -> tuple[Any, Any]:
