@@ -2,7 +2,7 @@
 
 The controller mixes these in: whether a rewrite earns its place over the segment it replaces,
 where a segment starts repeating the answer, whether a kept sentence is supported by what it
-could see, where the answer ends, and its short answer line. They read the controller's config,
+could see (and whether its grounded rewrite is), where the answer ends, and its short answer line. They read the controller's config,
 context and generator and change nothing; the controller acts on what they say.
 """
 
@@ -66,19 +66,39 @@ class AnswerChecks:
             (phrase_loop_at(self.context.draft, segment.text), "phrase loop")) if at is not None]
         return min(cuts) if cuts else None
 
-    def _check_support(self, rounds: Sequence[RoundTrace]) -> None:
-        """`controller.check_support`: the kept segment's sentences against the passages it saw."""
-        trace, kept = rounds[-1], kept_segment(rounds)
-        if not self.config.check_support or self.embed is None or kept is None or not kept.context_ids:
-            return
-        sentences = split_sentences(self._clean(kept.text))
-        ids = set(kept.context_ids)
+    def _unsupported(self, segment: Segment) -> list[str] | None:
+        """The sentences of `segment` no passage it could see supports (cosine below
+        `support_threshold`); None where nothing is checked (check off, no passage, no sentence)."""
+        if not self.config.check_support or self.embed is None or not segment.context_ids:
+            return None
+        sentences = split_sentences(self._clean(segment.text))
+        ids = set(segment.context_ids)
         passages = [h for h in self.context.seen_passages if h.chunk_id in ids]
         if not sentences or not passages:
-            return
+            return None
         vectors = self.embed(sentences + [f"{h.title}. {h.text}" for h in passages])
         sims = vectors[: len(sentences)] @ vectors[len(sentences):].T
-        trace.unsupported = [s for s, row in zip(sentences, sims) if float(row.max()) < self.config.support_threshold]
+        return [s for s, row in zip(sentences, sims) if float(row.max()) < self.config.support_threshold]
+
+    def _ground_fault(self, rewrite: Segment) -> str:
+        """Why a grounded rewrite does not replace the last kept segment ("" when it does): it is
+        empty, repeats the answer before that segment, or is not supported by its passages either."""
+        if not self._clean(rewrite.text):
+            return "the grounded rewrite is empty"
+        before = self.context.draft_parts()[:-1]  # the original is the last part (`grounding_pieces`)
+        accepted = split_sentences(self._clean("".join(text for text, _ in before)))
+        if accepted and ngram_overlap(rewrite.text, accepted) >= self.config.repeat_overlap:
+            return "the grounded rewrite repeats accepted text"
+        unsupported = self._unsupported(rewrite)
+        if unsupported:
+            return f"the grounded rewrite is not supported either: {' '.join(unsupported)!r}"
+        return "" if unsupported is not None else "the grounded rewrite could not be checked"
+
+    def _check_support(self, rounds: Sequence[RoundTrace]) -> None:
+        """`controller.check_support`: the kept segment's sentences against the passages it saw."""
+        kept = kept_segment(rounds)
+        if kept is not None and rounds[-1].action is not Action.GROUND:  # a rewrite is checked as it is made
+            rounds[-1].unsupported = self._unsupported(kept) or []
 
     def _ending(self, answer: str) -> tuple[str, str]:
         """`controller.end_on_sentence`: (the answer up to its last whole sentence, the cut text)."""
@@ -104,6 +124,8 @@ def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
     last = rounds[-1]
     if last.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
         return last.segment
+    if last.action is Action.GROUND:  # the rewrite replaced the previous one, or was dropped
+        return None if last.fallback else last.segment
     if last.action in (Action.RESTORE, Action.FALLBACK) and len(rounds) > 1:
         return rounds[-2].segment
     return None

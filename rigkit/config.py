@@ -182,6 +182,7 @@ class ControllerConfig:
     skip_duplicate_queries: bool = True  # a search equal or near-equal (content-word Jaccard >= repeat_overlap) to an earlier one of this answer is not run again; empty and garbage searches are skipped too, each with its reason in the round's guards
     check_support: bool = False  # each kept sentence is compared with the passages it could see (embedding cosine, the retriever's dense model or MiniLM); below support_threshold it is listed in the round's unsupported
     support_threshold: float = 0.5  # check_support's cosine cut (the evaluation's sentence support uses the same)
+    rewrite_unsupported: bool = False  # with check_support: a kept segment with an unsupported sentence is written once more under the strict grounding prompt (its passages, answer only from them) in a round of its own (action ground); the rewrite stays only if check_support finds it supported, else the original stays (the round's fallback says why)
     warn_no_retrieval: bool = True  # warn "the answer cites nothing" also when no passage was ever in context
     pause_at_flag: bool = False  # a decider that can tell from one token (prob) ends the segment at the first flagged word, not the sentence end (DRAGIN): less of a sentence that is rewritten is written
 

@@ -35,6 +35,7 @@ from rigkit.text import check_question, strip_citations
 from rigkit.trace import (
     Action,
     ContextOp,
+    Decision,
     Hit,
     Injection,
     RIGResult,
@@ -43,7 +44,7 @@ from rigkit.trace import (
     SearchRequest,
     Segment,
 )
-from rigkit.transcript import StopRule
+from rigkit.transcript import Piece, StopRule
 
 __all__ = ["RIGController", "Run", "RoundCallback"]
 
@@ -130,6 +131,8 @@ class RIGController(AnswerChecks):
     # -- the loop ------------------------------------------------------------------------------
     def _round(self, run: Run) -> RoundTrace | SearchRequest:
         """One segment and the decider's verdict on it; a search pauses the round (`_searched`)."""
+        if run.ground and (grounded := self._ground(run)) is not None:
+            return grounded
         state = self._decision_state(run)
         run.observers.on_round_start(len(run.rounds), state)
         timings = dict.fromkeys(STAGES, 0.0)
@@ -209,6 +212,7 @@ class RIGController(AnswerChecks):
         self._check_support([*run.rounds, trace])
         self._record_context(run, trace)
         run.rounds.append(trace)
+        run.ground = self.config.rewrite_unsupported and bool(trace.unsupported) and self._grounding(run) is not None
         run.observers.on_round_end(trace)
         run.goes_on = _goes_on(run, trace)
         return trace
@@ -281,6 +285,45 @@ class RIGController(AnswerChecks):
         run.low_confidence = run.retrievals >= self.config.max_rounds
         trace.action = Action.SKIP
         run._accept(trace.segment)
+
+    def _grounding(self, run: Run) -> tuple[Segment, list[Piece], int] | None:
+        """The last kept segment, the strict grounding prompt to write it again, and the tokens
+        the rewrite may take; None when it cannot be written again (see `grounding_pieces`)."""
+        kept = _accepted_segments(run.rounds)
+        if not kept:
+            return None
+        budget = min(self.generation.max_segment_tokens,
+                     self.generation.max_answer_tokens - run.generated + len(kept[-1].token_ids))
+        pieces = self.context.grounding_pieces(kept[-1], budget)
+        return None if pieces is None else (kept[-1], pieces, budget)
+
+    def _ground(self, run: Run) -> RoundTrace | None:
+        """`controller.rewrite_unsupported`: the last kept segment, flagged unsupported, written once
+        more under the strict grounding prompt; the rewrite replaces it only if it is supported."""
+        run.ground = False
+        if (grounding := self._grounding(run)) is None:
+            return None
+        original, pieces, budget = grounding
+        run.observers.on_round_start(len(run.rounds), self._decision_state(run))
+        timings = dict.fromkeys(STAGES, 0.0)
+        with _timer(timings, "generate"):  # the decider's early stop is for its own judgement: not here
+            rewrite = self.generator.next_segment(pieces, dataclasses.replace(self.stop, early=None), budget,
+                                                  on_token=run.observers.token_sink)
+        rewrite.context_ids = [h.chunk_id for h in self.context.passages]
+        flagged = " ".join(run.rounds[-1].unsupported)
+        decision = Decision(False, 0.0, f"written again under the strict grounding prompt: {flagged!r} was unsupported",
+                            decider="grounding", segment_text=rewrite.text)
+        trace = RoundTrace(index=len(run.rounds), segment=rewrite, decision=decision, action=Action.GROUND,
+                           timings=timings, tokens_prefilled=rewrite.tokens_prefilled, tokens_reused=rewrite.tokens_reused)
+        with _timer(timings, "decide"):
+            trace.fallback = self._ground_fault(rewrite)
+        if trace.fallback:  # the original stays; the answer ends where it ended
+            run.done = original.finished
+        else:
+            run._replace_last(rewrite)
+            run.generated += len(rewrite.token_ids) - len(original.token_ids)
+            run.done = False
+        return self._end_round(run, trace)
 
     def _record_context(self, run: Run, trace: RoundTrace) -> None:
         """The round's evictions, token budget, answer so far and retrieval count."""
@@ -370,6 +413,7 @@ class Run:
         self.generated = 0
         self.low_confidence = False
         self.pending: Segment | None = None  # the flagged segment of the last "regenerate"
+        self.ground = False  # the last kept segment is written again under the strict grounding prompt next
         self.done = False  # the answer is complete (a restored segment had ended the turn, a repeat was cut)
         self.searched: list[str] = []  # this answer's searches so far (the query guards' memory)
         self.pre_draft: str | None = None  # the draft and flagged segment before the first retrieval
@@ -391,7 +435,8 @@ class Run:
         """The next round, the search it waits on, or None once `result` is ready."""
         if self.paused is not None:
             return self.paused[0]
-        if self.result is None and (not self.goes_on or self.generated >= self.controller.generation.max_answer_tokens):
+        spent = self.generated >= self.controller.generation.max_answer_tokens and not self.ground  # a rewrite replaces
+        if self.result is None and (not self.goes_on or spent):
             self.result = self.controller._result(self)
         if self.result is not None:
             return None
@@ -420,6 +465,7 @@ class Run:
         request, waiting = self.paused or (None, None)
         counters = {"retrievals": self.retrievals, "tokens_since_retrieval": self.tokens_since_retrieval,
                     "generated": self.generated, "low_confidence": self.low_confidence, "done": self.done,
+                    "ground": self.ground,
                     "goes_on": self.goes_on, "warnings": list(self.warnings),
                     "searched": list(self.searched), "pre_draft": self.pre_draft}
         return RunState(self.question, list(self.given), [list(t) for t in self.history], list(self.rounds),
@@ -435,6 +481,8 @@ class Run:
                 run._accept(op.segment)
             elif op.op == "inject":
                 run._inject(op.hits)
+            elif op.op == "replace" and op.segment is not None:
+                run._replace_last(op.segment)
         run.rounds, run.pending, run.evicted = list(state.rounds), state.pending, list(state.evicted)
         for name, value in state.counters.items():
             setattr(run, name, value)
@@ -466,6 +514,10 @@ class Run:
         self.log.append(ContextOp("inject", hits=list(hits)))
         return self.controller.context.inject(hits)
 
+    def _replace_last(self, segment: Segment) -> None:
+        self.log.append(ContextOp("replace", segment=segment))
+        self.controller.context.replace_last(segment)
+
 
 def _as_hit(hit: Hit | str, request: SearchRequest, i: int) -> Hit:
     """A supplied hit; a plain text becomes a passage named after the search it answers."""
@@ -477,23 +529,30 @@ def _as_hit(hit: Hit | str, request: SearchRequest, i: int) -> Hit:
 
 def _goes_on(run: Run, trace: RoundTrace) -> bool:
     """Whether another round follows `trace`."""
+    if run.ground:  # the kept segment is written again first, even after its end of turn
+        return True
     if run.done:
         return False
     if trace.action in (Action.REGENERATE, Action.RESTORE, Action.FALLBACK):
         return True
+    if trace.action is Action.GROUND and trace.fallback:
+        return True  # the original stays, and had not ended the answer (else run.done)
     if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
         return True  # passages follow this segment: the model reads them, even after its end of turn
     return not (trace.segment.finished or not trace.segment.token_ids)  # end of turn, or nothing more
 
 
 def _accepted_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
-    """The segments the answer kept so far, in order (a restore keeps the regenerated one)."""
+    """The segments the answer kept so far, in order (a restore keeps the regenerated one, a kept
+    grounded rewrite replaces the one before it)."""
     kept: list[Segment] = []
     for i, r in enumerate(rounds):
         if r.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
             kept.append(r.segment)
         elif r.action in (Action.RESTORE, Action.FALLBACK) and i > 0:
             kept.append(rounds[i - 1].segment)
+        elif r.action is Action.GROUND and not r.fallback and kept:
+            kept[-1] = r.segment
     return kept
 
 

@@ -42,7 +42,8 @@ __all__ = [
 # 2: segments record the passages they could see; results record per-sentence attributions.
 # 3: rounds record fallbacks, loop-guard hits and unsupported sentences; results record the short
 #    answer, a trimmed unfinished ending and the draft before the first retrieval.
-TRACE_VERSION = 3
+# 4: a round may be a grounded rewrite (action ground); run states log a segment's replacement.
+TRACE_VERSION = 4
 
 
 class Action(str, Enum):
@@ -60,6 +61,10 @@ class Action(str, Enum):
     # now with the passages before it as its evidence, and the rewrite is dropped
     FALLBACK = "fallback"
     REPEAT = "repeat"  # the segment repeated an earlier sentence: the repeat is cut and the answer ends
+    # controller.rewrite_unsupported: the previous round's kept segment held an unsupported sentence
+    # and was written once more under the strict grounding prompt; the rewrite replaces it when it
+    # is supported, else it is dropped and `fallback` says why
+    GROUND = "ground"
 
     # print and format as the word itself ("accept"), as a plain string would
     __str__ = str.__str__
@@ -260,7 +265,7 @@ class RoundTrace:
     tokens_reused: int | None = 0  # None: unknown (a served model that does not report it)
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     retrieval_round: int = 0  # how many retrievals had happened after this round
-    fallback: str = ""  # why a rewrite was dropped for the set-aside segment (action fallback)
+    fallback: str = ""  # why a rewrite was dropped for the segment it was to replace (action fallback or ground)
     guards: list[str] = field(default_factory=list)  # loop guards that fired: "<guard>: <detail>"
     # sentences of the kept segment no passage it could see supports (cosine < the threshold)
     unsupported: list[str] = field(default_factory=list)
@@ -380,7 +385,8 @@ class SearchRequest:
 @dataclass
 class ContextOp:
     """One change a run made to its context: `fit` (room for `reserve` tokens), `accept` a segment,
-    `inject` hits. A saved run's context is rebuilt by doing them again, in order."""
+    `inject` hits, `replace` the last accepted segment with `segment` (a grounded rewrite). A saved
+    run's context is rebuilt by doing them again, in order."""
 
     op: str
     reserve: int = 0

@@ -26,7 +26,7 @@ from rigkit.testing import (
     ScriptedGenerator,
     make_segment,
 )
-from rigkit.trace import Action, Decision, Hit, RIGResult, Span
+from rigkit.trace import TRACE_VERSION, Action, Decision, Hit, RIGResult, Span
 
 NOTICE = Hit("notice#0", "notice", "The NOTICE file",
              "A NOTICE text file ships with Apache-2.0 works: every redistribution must include it.", 1.0)
@@ -275,7 +275,7 @@ def test_each_kept_sentence_is_checked_against_its_passages_during_the_loop():
 def test_the_new_fields_survive_the_json_round_trip_and_old_traces_load():
     result = make(ScriptedGenerator(DEMO), FlagWord("NOTICE")).run("What must I ship with Apache-2.0 code?")
     again = RIGResult.from_json(result.to_json())
-    assert again == result and again.version == 3
+    assert again == result and again.version == TRACE_VERSION
     assert again.rounds[3].action is Action.FALLBACK and again.pre_retrieval_draft
     old = result.to_dict()
     for key in ("short_answer", "trimmed", "pre_retrieval_draft"):

@@ -11,7 +11,7 @@ from rigkit.cli import add_config_options
 from rigkit.cli.flags import add_flags, add_generator_flags, add_source_flags
 from rigkit.errors import InputError
 from rigkit.short_answer import answer_line
-from rigkit.trace import RIGResult, RoundTrace
+from rigkit.trace import Action, RIGResult, RoundTrace
 
 __all__ = ["register", "format_round", "format_result"]
 
@@ -130,6 +130,9 @@ def format_round(trace: RoundTrace) -> str:
     if trace.error:
         lines.append(f"error     {trace.error}")
     lines += [f"guard     {_safe(g)}" for g in trace.guards]
+    if trace.action is Action.GROUND:
+        lines.append("grounded  the previous segment written again under the strict grounding prompt: "
+                     + ("dropped" if trace.fallback else "supported, it replaces that segment"))
     if trace.fallback:
         lines.append(f"fallback  {trace.fallback}")
     lines += [f"unsupported {_safe(s)!r}" for s in trace.unsupported]

@@ -25,7 +25,8 @@ class Block:
 
 class Layout:
     """The up-front passages, then accepted segments and passage blocks in order (append-only,
-    except that an eviction empties a passage's place)."""
+    except that an eviction empties a passage's place and a grounded rewrite replaces the last
+    segment)."""
 
     def __init__(self, initial: list[Hit] | None = None):
         self.initial: list[Hit] = list(initial or [])  # before the question: given, or `prefix` injections
@@ -40,6 +41,12 @@ class Layout:
             self.initial.extend(hits)
         elif hits:
             self.events.append(Block(hits, instruction))
+
+    def replace_last(self, segment: Segment) -> None:
+        """Put `segment` in place of the last accepted segment, which must be the last event."""
+        if not self.events or not isinstance(self.events[-1], Segment):
+            raise ValueError("only the last accepted segment can be replaced, and passages follow it")
+        self.events[-1] = segment
 
     def blocks(self) -> Iterator[Block]:
         return (e for e in self.events if isinstance(e, Block))

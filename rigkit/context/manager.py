@@ -93,6 +93,10 @@ class ContextManager:
         """Keep a generated segment in the transcript."""
         self.layout.accept(segment)
 
+    def replace_last(self, segment: Segment) -> None:
+        """Put a grounded rewrite in place of the last accepted segment (nothing follows it)."""
+        self.layout.replace_last(segment)
+
     def inject(self, hits: Sequence[Hit]) -> Injection:
         """Add new passages under the budget; report what was added, dropped and evicted."""
         injection = Injection(passage_budget=self.passage_budget)
@@ -133,6 +137,27 @@ class ContextManager:
     def pieces(self) -> list[Piece]:
         """The prompt for the next segment."""
         return self.renderer.pieces(self.layout)
+
+    def grounding_pieces(self, segment: Segment, reserve: int) -> list[Piece] | None:
+        """The prompt for writing `segment`, the last accepted one, again under the strict grounding
+        prompt: the context without it, then the passages it could see (those still in context)
+        in a message asking to answer only from them, and the start / continue instruction.
+
+        None when something follows the segment (passages asked for by it), none of its passages
+        is left, or the prompt and `reserve` more tokens would not fit the model's context."""
+        events = self.layout.events
+        if not events or events[-1] != segment:  # equal, not the same object: a restored run rebuilds both
+            return None
+        seen = set(segment.context_ids or ())
+        hits = [h for h in self.passages if h.chunk_id in seen]
+        if not hits:
+            return None
+        before = "".join(text for text, _ in self.draft_parts()[:-1])
+        template = CONTINUE_INSTRUCTION if before.strip() else START_INSTRUCTION
+        block = self.renderer.grounding_block(hits, template[self.language].format(question=self.question))
+        pieces = [*self.pieces()[:-1], block]
+        used = self.budget().used - len(segment.token_ids) + self.count_tokens(block.text)
+        return pieces if used + reserve <= self.context_limit else None
 
     @property
     def passages(self) -> list[Hit]:

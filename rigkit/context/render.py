@@ -135,13 +135,23 @@ class Renderer:
         numbers = self.numbers() if self.config.cite == "model" else None
         return {"numbers": numbers, "strict": self.config.grounding == "strict"}
 
+    def grounding_block(self, hits: list[Hit], instruction: str) -> Piece:
+        """`hits` in a user message that asks to answer only from them (the strict grounding
+        prompt), whatever `context.grounding` says: for writing an unsupported segment again."""
+        rules = {**self._passage_rules(), "strict": True}
+        return self._user_block(render_passages(self._triples(hits), self.asked.language, instruction, **rules))
+
     def _render_block(self, hits: list[Hit], instruction: str) -> Piece:
         """Close the assistant turn, add the passages as a user message, reopen the assistant."""
         if self.marker_protocol is not None and self.marker_protocol.inline:
             return self._render_inline(hits)
+        return self._user_block(render_passages(self._triples(hits), self.asked.language, instruction,
+                                                **self._passage_rules()))
+
+    def _user_block(self, content: str) -> Piece:
+        """`content` as a user message between two assistant turns (passages: data, not markup)."""
         base = [{"role": "user", "content": "q"}]
         before = self.render_chat(base + [{"role": "assistant", "content": _SENTINEL}], False)
-        content = render_passages(self._triples(hits), self.asked.language, instruction, **self._passage_rules())
         after = self.render_chat(
             base + [{"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": content}],
             True,

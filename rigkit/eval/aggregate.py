@@ -49,6 +49,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("query_guard_hits", "Query guards/q", "{:.2f}"),
     ("trimmed", "Trimmed", "{:.3f}"),
     ("unsupported_flagged", "Unsupported flagged/q", "{:.2f}"),
+    ("grounded_rewrites", "Grounded rewrites/q", "{:.2f}"),
+    ("grounded_kept", "Grounded kept/q", "{:.2f}"),
     ("repeated_sentences", "Repeated sentences/q", "{:.3f}"),
     ("ends_mid_sentence", "Ends mid-sentence", "{:.3f}"),
     ("cut_mid_sentence", "Cut mid-sentence", "{:.3f}"),

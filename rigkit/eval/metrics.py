@@ -13,8 +13,8 @@ here for results that lack it) is scored as `em_short` / `f1_short`, the report'
 Harm: `draft_cover_em` is the Cover EM of the draft before the first retrieval (the answer as
 far as it went plus the flagged segment), so the report can count answers retrieval made wrong.
 What the loop's guards did is counted per answer: fallbacks, repeats cut, query guards that
-fired, unfinished endings trimmed, sentences flagged unsupported; and, as checks on the final
-text, sentences that repeat an earlier one and an answer ending mid-sentence.
+fired, unfinished endings trimmed, sentences flagged unsupported, grounded rewrites tried and
+kept; and, as checks on the final text, sentences that repeat an earlier one and an answer ending mid-sentence.
 
 Retrieval-side figures come from the trace: which passages were injected (supporting-paragraph
 recall by title, and by paragraph id where the data has them, which is the stricter measure
@@ -235,6 +235,7 @@ def _tokens_injected(result: RIGResult) -> int:
 def _trace_counts(result: RIGResult) -> dict[str, Any]:
     rounds = result.rounds
     fired = sum(1 for r in rounds if r.decision.retrieve)
+    judged = sum(r.action is not Action.GROUND for r in rounds)  # a grounded rewrite is not the decider's
     extra_passes = sum(r.decision.extra_forward_passes for r in rounds)
     llm_calls = sum(r.query.llm_calls for r in rounds if r.query)
     tokens = result.tokens or {}
@@ -242,7 +243,7 @@ def _trace_counts(result: RIGResult) -> dict[str, Any]:
     return {
         "retrievals": int(result.used_retrieval_times),
         "segments": len(rounds),
-        "trigger_rate": fired / len(rounds) if rounds else 0.0,
+        "trigger_rate": fired / judged if judged else 0.0,
         "tokens_injected": _tokens_injected(result),
         "tokens_generated": generated,
         "tokens_prefilled": int(tokens.get("prefilled", 0)),
@@ -262,13 +263,19 @@ def _guard_counts(result: RIGResult, answer: str) -> dict[str, Any]:
     repeated = sum(repeated_sentence(s, sentences[:i]) is not None for i, s in enumerate(sentences))
     guards = [g for r in result.rounds for g in r.guards]
     unfinished = bool(answer.strip()) and whole_sentences(answer) != answer
-    last = next((r for r in reversed(result.rounds) if r.segment.text.strip()), None)  # the one that wrote the end
+    grounded = [r for r in result.rounds if r.action is Action.GROUND]
+    # the round that wrote the end (a dropped grounded rewrite wrote nothing that stayed)
+    last = next((r for r in reversed(result.rounds)
+                 if r.segment.text.strip() and not (r.action is Action.GROUND and r.fallback)), None)
     return {
-        "fallbacks": sum(r.action is Action.FALLBACK for r in result.rounds),
+        # a rewrite dropped for the segment it was to replace: the rewrite check's, a grounded one's
+        "fallbacks": sum(r.action is Action.FALLBACK for r in result.rounds) + sum(bool(r.fallback) for r in grounded),
         "repeats_cut": sum(r.action is Action.REPEAT for r in result.rounds),
         "query_guard_hits": sum(not g.startswith(("repeat:", "phrase loop:")) for g in guards),
         "trimmed": int(bool(result.trimmed)),
         "unsupported_flagged": sum(len(r.unsupported) for r in result.rounds),
+        "grounded_rewrites": len(grounded),  # controller.rewrite_unsupported: rewrites tried
+        "grounded_kept": sum(not r.fallback for r in grounded),  # ... and kept (supported)
         "repeated_sentences": repeated,
         "ends_mid_sentence": int(unfinished),
         # unfinished because generation was cut (the token budget, or a guard cutting a repeat or

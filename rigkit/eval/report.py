@@ -50,7 +50,7 @@ HEADLINE = ("em_short", "f1_short", "cover_em", "f1", "support_recall", "retriev
             "tokens_prefilled")
 # what the loop's guards did, and the final text's repeated sentences and unfinished endings
 GUARDS = ("fallbacks", "repeats_cut", "query_guard_hits", "trimmed", "unsupported_flagged",
-          "repeated_sentences", "ends_mid_sentence", "cut_mid_sentence")
+          "grounded_rewrites", "grounded_kept", "repeated_sentences", "ends_mid_sentence", "cut_mid_sentence")
 CLOSED_BOOK = "closed_book"  # the reference of the harm table's first count
 BY_TYPE = ("em_short", "em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
@@ -267,7 +267,8 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
         "Cost": _metric_table(overall, COST, False),
         "Harm: answers retrieval made wrong (losses) or right (wins), on Cover EM": _harm_table(rows),
         "Loop guards per answer (fallbacks, repeats cut, query guards, trimmed endings, unsupported "
-        "sentences) and the final text's repeats and unfinished endings": _metric_table(overall, GUARDS, False),
+        "sentences, grounded rewrites tried and kept) and the final text's repeats and unfinished endings":
+        _metric_table(overall, GUARDS, False),
         # only when the baseline ran beside other systems
         **({f"Paired against {baseline} (same questions; bootstrap interval, exact sign / McNemar test)":
             _paired_table(comparisons),

@@ -158,6 +158,11 @@ def _wrap_segment(body: str, current: bool, discarded: bool) -> str:
     return f'<span class="{" ".join(classes)}" style="{style}"{title}>{body}</span>'
 
 
+def _dropped(r: RoundTrace) -> bool:
+    """A grounded rewrite that did not replace the segment before it."""
+    return r.action is Action.GROUND and bool(r.fallback)
+
+
 def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "retrieve") -> str:
     """The draft as it stood at round `index`: kept segments so far, then this round's segment.
 
@@ -169,16 +174,18 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "
     index = max(0, min(index, len(rounds) - 1))
     # a "restore" or "fallback" round puts the previous round's flagged segment back into the answer
     restored = {i - 1 for i in range(1, index + 1) if rounds[i].action in (Action.RESTORE, Action.FALLBACK)}
+    # a kept grounded rewrite takes the previous round's segment out of the answer
+    replaced = {i - 1 for i in range(1, index + 1) if rounds[i].action is Action.GROUND and not rounds[i].fallback}
     parts = [
         segment_html(r.segment, (), marker_tag)
         for i, r in enumerate(rounds[:index])
-        if r.action not in DISCARDED_ACTIONS or i in restored
+        if (r.action not in DISCARDED_ACTIONS or i in restored) and i not in replaced and not _dropped(r)
     ]
     cur = rounds[index]
     parts.append(
         segment_html(
             cur.segment, cur.decision.spans, marker_tag, current=True,
-            discarded=cur.action in DISCARDED_ACTIONS,
+            discarded=cur.action in DISCARDED_ACTIONS or _dropped(cur),
         )
     )
     legend = (

@@ -76,6 +76,8 @@ ACTION_MEANINGS = {
     Action.RESTORE: "the model ended its turn after the passages: the flagged segment is kept",
     Action.FALLBACK: "the rewrite did not earn its place: the flagged segment is kept after the passages",
     Action.REPEAT: "the segment repeated an earlier sentence: the repeat is cut and the answer ends",
+    Action.GROUND: "the previous segment was unsupported by its passages: written again under the strict "
+                   "grounding prompt, the rewrite replaces it if supported",
 }
 
 
@@ -106,6 +108,9 @@ def _round_notes(r: RoundTrace) -> str:
     """Why a rewrite fell back, the loop guards that fired, the sentences flagged unsupported."""
     notes = ([f'<div class="rig-fallback" style="color:#b45309;">fallback: {esc(r.fallback)}</div>']
              if r.fallback else [])
+    if r.action is Action.GROUND and not r.fallback:
+        notes.append('<div class="rig-grounded" style="color:#15803d;">grounded rewrite: supported by its '
+                     "passages, it replaces the previous round's segment</div>")
     notes += [f'<div class="rig-guard" style="{MUTED_STYLE}">guard · {esc(g)}</div>' for g in r.guards]
     notes += [f'<div class="rig-unsupported" style="color:#b45309;">unsupported by its passages: {esc(s)}</div>'
               for s in r.unsupported]
