@@ -2,6 +2,8 @@
 
 Before the answer checks, the regenerated NOTICE sentence wrote earlier sentences over again, the
 NOTICE requirement was lost, two sentences were repeated and the answer stopped mid-sentence.
+With `controller.rewrite_unsupported`, a sentence the in-loop support check flags is written
+again under the strict grounding prompt.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import pytest
 from rigkit.build import build_controller
 from rigkit.config import load_config
 from rigkit.guards import repeated_sentence, whole_sentences
+from rigkit.prompts import GROUNDING_INSTRUCTION
 from rigkit.text import split_sentences, strip_citations
-from rigkit.trace import Action, RIGResult
+from rigkit.trace import Action, RIGResult, RunState, SearchRequest
 
 pytestmark = pytest.mark.slow
 
@@ -34,3 +37,38 @@ def test_the_demo_answer_keeps_the_notice_requirement_and_repeats_nothing(defaul
     assert "demo-apache-notice#0" in notice.visible  # written after the NOTICE passage
     assert result.short_answer
     assert RIGResult.from_json(result.to_json()) == result
+
+
+def test_with_rewrite_unsupported_a_flagged_sentence_is_written_again_under_the_strict_prompt(
+        default_generator, demo_retriever, monkeypatch):
+    prompts = []
+    real = default_generator.next_segment
+
+    def recording(prompt, *args, **kwargs):
+        prompts.append(list(prompt))
+        return real(prompt, *args, **kwargs)
+
+    monkeypatch.setattr(default_generator, "next_segment", recording)
+    config = load_config("configs/cpu.yaml", decider={"name": "prob"},
+                         controller={"check_support": True, "rewrite_unsupported": True})
+    controller = build_controller(config, default_generator, demo_retriever)
+    run = controller.start(DEMO)
+    while not run.rounds or run.rounds[-1].action is not Action.GROUND:  # up to the first grounded rewrite
+        step = run.step()
+        assert step is not None, "no sentence was flagged unsupported on the demo question"
+        if isinstance(step, SearchRequest):
+            run.search(demo_retriever)
+    flagged, ground = run.rounds[-2], run.rounds[-1]
+    assert flagged.unsupported and ground.decision.decider == "grounding"
+    # the rewrite read the passages under the strict grounding instruction, without the flagged segment
+    strict = prompts[-1][-1].text
+    assert GROUNDING_INSTRUCTION["en"] in strict and "[[citation:demo-" in strict
+    assert flagged.segment.text not in [p.text for p in prompts[-1] if p.role == "draft"]
+    # kept only if supported: otherwise the flagged segment stays and the round says why
+    draft = ground.draft
+    if ground.fallback:
+        assert ground.fallback.startswith("the grounded rewrite") and flagged.unsupported[0] in draft
+    else:
+        assert flagged.unsupported[0] not in draft
+    saved = RunState.from_json(run.state().to_json())
+    assert saved.rounds == run.rounds and saved.rounds[-1].action is Action.GROUND

@@ -3,12 +3,17 @@ under the strict grounding prompt; the rewrite stays only if it is supported (sc
 
 from __future__ import annotations
 
+from rigkit.cli.ask import format_round
 from rigkit.config import ContextConfig
 from rigkit.context import ContextManager
+from rigkit.eval.metrics import QAItem, score_result
+from rigkit.eval.report import report_tables
 from rigkit.prompts import GROUNDING_INSTRUCTION
 from rigkit.testing import AlwaysDecider, NeverDecider, ScriptedGenerator, make_segment
 from rigkit.text import strip_citations
 from rigkit.trace import Action, RIGResult, RunState, SearchRequest
+from rigkit.widgets.render import draft_html
+from rigkit.widgets.summary import round_header_html
 from tests.test_answer_checks import LICENCE, NOTICE, make, word_embed
 
 QUESTION = "What must I ship with Apache-2.0 code?"
@@ -146,3 +151,36 @@ def test_without_passages_the_loop_is_unchanged():
     never = make(ScriptedGenerator(["Bananas grow on trees."]), NeverDecider(), embed=word_embed,
                  check_support=True, rewrite_unsupported=True).run(QUESTION)
     assert [r.action for r in never.rounds] == ["accept"]
+
+
+def test_ask_and_the_round_stepper_show_the_grounded_rewrite():
+    kept = grounded([*OPENING, SUPPORTED, END])[1].run(QUESTION)
+    printed = format_round(kept.rounds[3])
+    assert "grounded  the previous segment written again under the strict grounding prompt: supported" in printed
+    assert "action    ground" in printed
+    head = round_header_html(QUESTION, 3, len(kept.rounds), rounds=kept.rounds)
+    assert ">ground</code>" in head and "rig-grounded" in head
+    draft = draft_html(kept.rounds, 4)
+    assert "Bananas" not in draft and "redistribution" in draft  # the rewrite stands in for the flagged one
+    dropped = grounded([*OPENING, UNSUPPORTED, END])[1].run(QUESTION)
+    printed = format_round(dropped.rounds[3])
+    assert ": dropped" in printed and "fallback  the grounded rewrite is not supported either" in printed
+    head = round_header_html(QUESTION, 3, len(dropped.rounds), rounds=dropped.rounds)
+    assert "rig-fallback" in head and "rig-grounded" not in head
+    assert "Kiwis" not in draft_html(dropped.rounds, 4) and "Bananas" in draft_html(dropped.rounds, 4)
+
+
+def test_the_report_counts_grounded_rewrites_tried_and_kept_and_a_dropped_one_as_a_fallback():
+    item = QAItem("q1", QUESTION, "a NOTICE text file")
+    kept = score_result(grounded([*OPENING, SUPPORTED, END])[1].run(QUESTION), item)
+    dropped = score_result(grounded([*OPENING, UNSUPPORTED, END])[1].run(QUESTION), item)
+    assert (kept["grounded_rewrites"], kept["grounded_kept"], kept["fallbacks"]) == (1, 1, 0)
+    assert (dropped["grounded_rewrites"], dropped["grounded_kept"], dropped["fallbacks"]) == (1, 0, 1)
+    # the decider judged four segments of five (the rewrite is not its round) and fired on all four
+    assert kept["trigger_rate"] == 1.0 and kept["segments"] == 5
+    rows = [{**record, "id": "q1", "type": "comparison", "system": system, "run": 0, "latency": 1.0, "error": None}
+            for system, record in (("rig:kept", kept), ("rig:dropped", dropped))]
+    header, table = next(t for title, t in report_tables(rows).items() if title.startswith("Loop guards"))
+    at = header.index("Grounded rewrites/q")
+    assert header[at + 1] == "Grounded kept/q"
+    assert [row[at:at + 2] for row in table] == [["1.00", "1.00"], ["1.00", "0.00"]]
