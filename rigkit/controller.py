@@ -304,6 +304,7 @@ class RIGController(AnswerChecks):
         if (grounding := self._grounding(run)) is None:
             return None
         original, pieces, budget = grounding
+        run.evicted = []  # nothing is fitted for the rewrite: it takes the place of the original
         run.observers.on_round_start(len(run.rounds), self._decision_state(run))
         timings = dict.fromkeys(STAGES, 0.0)
         with _timer(timings, "generate"):  # the decider's early stop is for its own judgement: not here
