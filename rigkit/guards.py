@@ -105,7 +105,7 @@ def first_repeat(draft: str, segment: str, min_share: float = 0.8) -> int | None
 
 
 _WORD = re.compile(rf"[{CJK}]|(?:(?![{CJK}])[^\W_])+")  # the words of `words_of`, with their places in the text
-_LOOP_N, _LOOP_TIMES = 4, 3  # a 4-word phrase three times in one sentence: text going round, not prose
+_LOOP_N, _LOOP_TIMES = 4, 4  # a 4-word phrase four times at one period in one sentence: text going round
 
 
 def phrase_loop_at(draft: str, segment: str) -> int | None:
@@ -113,9 +113,9 @@ def phrase_loop_at(draft: str, segment: str) -> int | None:
 
     Greedy decoding of a small model can go round one phrase until the budget ends ("... Part 2:
     The Twilight Saga: Breaking Dawn – Part 2: The Twilight Saga: ..."), never ending a sentence
-    that `first_repeat` could judge. A word 4-gram met a third time in the sentence the segment
-    writes is such a loop; the cut keeps its first round and drops the rest (0: nothing of the
-    segment is worth keeping).
+    that `first_repeat` could judge. A word 4-gram met four times at one period in the sentence
+    the segment writes is such a loop; the cut keeps its first round and drops the rest (0:
+    nothing of the segment is worth keeping).
     """
     starts = [s for s, _ in sentence_spans(draft)] if draft.strip() else []
     unfinished = draft.strip() and not _ENDS_SENTENCE.search(draft.rstrip())
@@ -133,8 +133,12 @@ def phrase_loop_at(draft: str, segment: str) -> int | None:
             break
         places = seen.setdefault(gram, [])
         places.append(i)
-        if len(places) == _LOOP_TIMES:
-            return max(0, words[places[1]][1] - offset)
+        # at one period: the text between the phrases came round too ("A B A B A B A B"), where a
+        # title named in a long sentence is spaced at random; four times, as a model that writes
+        # "Title: Title: Title is a 1924 film" has left the loop by itself
+        last = places[-_LOOP_TIMES:]
+        if len(last) == _LOOP_TIMES and len({b - a for a, b in zip(last, last[1:])}) == 1:
+            return max(0, words[last[1]][1] - offset)
     return None
 
 

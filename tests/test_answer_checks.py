@@ -130,10 +130,18 @@ def test_a_phrase_loop_inside_one_sentence_is_found_where_it_comes_back():
     assert phrase_loop_at("", "Breaking Dawn Part 1 came before Breaking Dawn Part 2 in the saga.") is None
     three = "The Twilight Saga film came out. The Twilight Saga film did well. The Twilight Saga film ended."
     assert phrase_loop_at("", three) is None
+    # a title named three times in one long sentence, at no one period, is prose too
+    titles = ("A Nightmare on Elm Street 5: The Dream Child: A Nightmare on Elm Street 5: The Dream Child is a"
+              " 1989 slasher film and the fourth sequel in the A Nightmare on Elm Street series.")
+    assert phrase_loop_at("", titles) is None
+    loop = "The maternal grandfather of" + " the maternal grandfather of" * 5
+    assert loop[: phrase_loop_at("", loop)] == "The maternal grandfather of "
+    left = "The House of Pulcini: The House of Pulcini: The House of Pulcini is a 1924 Italian silent film."
+    assert phrase_loop_at("", left) is None  # the model left the loop by itself
     # the loop may start in the draft's unfinished sentence: the cut falls at the segment's start
     assert phrase_loop_at("It is. The Twilight Saga: Breaking Dawn – Part 2: The Twilight Saga: Breaking",
-                          " Dawn – Part 2: The Twilight Saga: Breaking Dawn") == 0
-    assert phrase_loop_at("", "许可证许可证许可证许可证。") is not None  # CJK counts characters
+                          " Dawn – Part 2: The Twilight Saga: Breaking Dawn – Part 2: The Twilight Saga: Breaking Dawn") == 0
+    assert phrase_loop_at("", "许可证许可证许可证许可证许可证。") is not None  # CJK counts characters
 
 
 def test_a_phrase_loop_is_cut_where_it_comes_back_and_the_answer_ends():
