@@ -212,7 +212,8 @@ class RIGController(AnswerChecks):
         self._check_support([*run.rounds, trace])
         self._record_context(run, trace)
         run.rounds.append(trace)
-        run.ground = self.config.rewrite_unsupported and bool(trace.unsupported) and self._grounding(run) is not None
+        run.grounding = self._grounding(run) if self.config.rewrite_unsupported and trace.unsupported else None
+        run.ground = run.grounding is not None
         run.observers.on_round_end(trace)
         run.goes_on = _goes_on(run, trace)
         return trace
@@ -300,8 +301,9 @@ class RIGController(AnswerChecks):
     def _ground(self, run: Run) -> RoundTrace | None:
         """`controller.rewrite_unsupported`: the last kept segment, flagged unsupported, written once
         more under the strict grounding prompt; the rewrite replaces it only if it is supported."""
-        run.ground = False
-        if (grounding := self._grounding(run)) is None:
+        grounding = run.grounding or self._grounding(run)  # built when the round ended; a restored run builds it
+        run.ground, run.grounding = False, None
+        if grounding is None:
             return None
         original, pieces, budget = grounding
         run.evicted = []  # nothing is fitted for the rewrite: it takes the place of the original
@@ -415,6 +417,7 @@ class Run:
         self.low_confidence = False
         self.pending: Segment | None = None  # the flagged segment of the last "regenerate"
         self.ground = False  # the last kept segment is written again under the strict grounding prompt next
+        self.grounding: tuple[Segment, list[Piece], int] | None = None  # ... with this prompt (not saved)
         self.done = False  # the answer is complete (a restored segment had ended the turn, a repeat was cut)
         self.searched: list[str] = []  # this answer's searches so far (the query guards' memory)
         self.pre_draft: str | None = None  # the draft and flagged segment before the first retrieval

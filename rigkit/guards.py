@@ -122,12 +122,14 @@ def phrase_loop_at(draft: str, segment: str) -> int | None:
     head = draft[starts[-1]:] if unfinished and starts else ""
     text, offset = head + segment, len(head)
     words = [(m.group(0).lower(), m.start()) for m in _WORD.finditer(text)]
-    ends = {m.end() for m in SENTENCE_END.finditer(text)}
+    ends = iter(m.end() for m in SENTENCE_END.finditer(text))  # in order: one pass beside the words
+    next_end = next(ends, None)
     seen: dict[tuple[str, ...], list[int]] = {}
-    sentence_start = 0
     for i in range(len(words)):
-        if any(sentence_start <= e <= words[i][1] for e in ends):  # a new sentence: loops start afresh
-            seen, sentence_start = {}, words[i][1]
+        if next_end is not None and next_end <= words[i][1]:  # a new sentence: loops start afresh
+            seen = {}
+            while next_end is not None and next_end <= words[i][1]:
+                next_end = next(ends, None)
         gram = tuple(w for w, _ in words[i : i + _LOOP_N])
         if len(gram) < _LOOP_N:
             break
