@@ -13,6 +13,7 @@ tags; the last content chunk's `rig` field carries the cited answer and the cita
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,8 +31,8 @@ __all__ = ["complete"]
 
 
 async def complete(service: RigService, body: ChatCompletionRequest, request: Request) -> Any:
-    tools = oa.check_tools(body)
-    conversation = oa.parse_messages(body.messages, tools)
+    # the client's schemas are its program: checked in a thread, so /health and the rest stay live
+    tools, conversation = await asyncio.to_thread(_read_request, body)
     check_history(conversation.history, "messages")
     kept, conversation.history = service.history_of(body.conversation, conversation.history)
     options = oa.ask_options(body, tools)
@@ -56,6 +57,11 @@ async def complete(service: RigService, body: ChatCompletionRequest, request: Re
         return JSONResponse(_response(completion, outcome, stops, limit, kept))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return sse(_stream(service, job, pipe, completion, stops, limit, include_usage, kept))
+
+
+def _read_request(body: ChatCompletionRequest) -> tuple[dict[str, Any] | None, oa.Conversation]:
+    tools = oa.check_tools(body)
+    return tools, oa.parse_messages(body.messages, tools)
 
 
 def _response(completion: oa.Completion, outcome: RIGResult | ToolStep, stops: list[str], limit: int,

@@ -97,7 +97,7 @@ def build_mcp(service: RigService, host: str = "127.0.0.1", http: bool = False) 
         if tools is None:
             job = submit(service, None, lambda job: service.ask(job, question, turns))
             return _answer(await asyncio.wrap_future(job.future))
-        declared = declare(tools)
+        declared = await asyncio.to_thread(declare, tools)  # the client's schemas: off the event loop
         answered = _answered(tool_results or [], declared)
         job = submit(service, None, lambda job: service.tool_step(job, question, turns, answered, tools=declared))
         step = await asyncio.wrap_future(job.future)

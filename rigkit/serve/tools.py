@@ -13,17 +13,20 @@ model, and each call the model makes returned with structured arguments.
 - `model_calls`: what a paused round asks for: a marker phrase naming a declared tool, with
   arguments its schema accepts, is that tool's call; every other need is a `search`.
 - `check_arguments`: a call's arguments against its tool's schema, as one bounded line.
+
+Schemas and arguments are checked within the limits of `rigkit.serve.tool_schemas` (nothing
+fetched, bounded size, nesting and time); callers on the event loop run these in a thread.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rigkit.errors import InputError
+from rigkit.serve.tool_schemas import SchemaLimit, check_schema, first_error, load_arguments
 
 __all__ = ["Tool", "SEARCH", "SEARCH_PARAMETERS", "declare", "check_arguments", "tools_prompt", "model_calls",
            "parse_call"]
@@ -57,7 +60,6 @@ class Tool:
 
 def declare(defs: Sequence[Mapping[str, Any]], where: str = "tools") -> dict[str, Tool]:
     """The tools of a request (`{"name", "description", "parameters"}` each), by name."""
-    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
     tools: dict[str, Tool] = {}
@@ -70,9 +72,11 @@ def declare(defs: Sequence[Mapping[str, Any]], where: str = "tools") -> dict[str
             raise InputError(f"{where}.{i}.function.name: {name!r} is declared twice")
         parameters = d.get("parameters") or (SEARCH_PARAMETERS if name == SEARCH else {"type": "object"})
         try:
-            Draft202012Validator.check_schema(parameters)
+            check_schema(parameters)
         except SchemaError as err:
             raise InputError(f"{where}.{i}.function.parameters: not a JSON schema: {_short(err.message)}") from None
+        except ValueError as err:  # a limit (size, nesting, a reference, a pattern), or NaN
+            raise InputError(f"{where}.{i}.function.parameters: {_short(str(err))}") from None
         tools[name] = Tool(name, str(d.get("description") or (SEARCH_DESCRIPTION if name == SEARCH else "")),
                            parameters)
     return tools
@@ -80,16 +84,16 @@ def declare(defs: Sequence[Mapping[str, Any]], where: str = "tools") -> dict[str
 
 def check_arguments(tool: Tool, arguments: Any, where: str) -> dict[str, Any]:
     """`arguments` (a JSON text or a dict) when `tool`'s schema accepts them; else one line."""
-    from jsonschema import Draft202012Validator
-
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments or "{}")
-        except json.JSONDecodeError as err:
-            raise InputError(f"{where}: the arguments of {tool.name!r} are not JSON: {err.msg}") from None
+    try:
+        arguments = load_arguments(arguments)
+    except ValueError as err:  # not (strict) JSON, or over a limit
+        raise InputError(f"{where}: the arguments of {tool.name!r} are {_short(str(err))}") from None
     if not isinstance(arguments, dict):
         raise InputError(f"{where}: the arguments of {tool.name!r} must be a JSON object")
-    error = next(iter(Draft202012Validator(dict(tool.parameters)).iter_errors(arguments)), None)
+    try:
+        error = first_error(tool.parameters, arguments)
+    except SchemaLimit as err:
+        raise InputError(f"{where}: checking the arguments of {tool.name!r} stopped: {_short(str(err))}") from None
     if error is not None:
         at = "/".join(str(p) for p in error.absolute_path)
         raise InputError(f"{where}: arguments fail the schema of {tool.name!r}{f' at {at}' if at else ''}: "
