@@ -15,7 +15,11 @@ The id, and the counts of the answer, travel to the model thread in the job's co
 searched), `rigkit_retrieved_passages_total{source}`, `rigkit_tokens_total{kind=prompt|generated}`,
 `rigkit_cache_tokens_total{kind=reused|prefilled}` (prompt tokens served from the KV cache, and
 run through the model), `rigkit_queue_depth` and `rigkit_requests_running`. `route` is the route's
-pattern (`/v1/models/{name:path}`), or `unmatched`, so a scan of odd paths adds no series.
+pattern (`/v1/models/{name:path}`), or `unmatched`, and `method` one of the standard methods or
+`other`, so a scan of odd paths or made-up methods adds no series. Requests refused before any
+route (a wrong or missing key 401, a foreign Host 421 or Origin 403) count only in
+`rigkit_refused_requests_total{reason=key|host|origin}`, whose series exist from the start: a
+client without the key cannot grow `/metrics`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ ACCESS_LOG = logging.getLogger("rigkit.serve.access")
 _GIVEN_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # answers take seconds
 _CURRENT: ContextVar[RequestRecord | None] = ContextVar("rigkit_request", default=None)
+# any other method is labelled "other": a client choosing the method must not choose the series
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+# answered only by the guards in front of the routes: a wrong or missing key, a foreign Host or Origin
+_REFUSALS = {401: "key", 421: "host", 403: "origin"}
 
 
 @dataclass
@@ -104,10 +112,19 @@ class ServeMetrics:
         self.tokens = Counter("rigkit_tokens", "prompt and generated tokens of answers", ["kind"], registry=r)
         self.cache = Counter("rigkit_cache_tokens", "prompt tokens reused from the KV cache or prefilled",
                              ["kind"], registry=r)
+        # counted, but under no label a client picks: a refused request adds no series
+        self.refused = Counter("rigkit_refused_requests", "requests refused before any route (key, Host, Origin)",
+                               ["reason"], registry=r)
+        for reason in _REFUSALS.values():
+            self.refused.labels(reason)
         Gauge("rigkit_queue_depth", "jobs waiting or running", registry=r).set_function(depth)
         Gauge("rigkit_requests_running", "jobs running on the model threads", registry=r).set_function(running)
 
     def observe(self, method: str, route: str, status: int, seconds: float, record: RequestRecord) -> None:
+        if status in _REFUSALS:
+            self.refused.labels(_REFUSALS[status]).inc()
+            return
+        method = method if method in _METHODS else "other"
         self.requests.labels(method, route, str(status)).inc()
         self.seconds.labels(method, route).observe(seconds)
         self.retrievals.inc(record.retrievals)
@@ -164,7 +181,8 @@ class _Watch:
             route = self._route(scope)
             self.metrics.observe(scope["method"], route, status, seconds, record)
             ACCESS_LOG.info("request_id=%s method=%s route=%s status=%d ms=%.1f retrievals=%d prompt_tokens=%d "
-                            "generated_tokens=%d", record.id, scope["method"], _shown_path(scope.get("path", "")),
+                            "generated_tokens=%d", record.id, _shown_path(scope["method"][:16]),
+                            _shown_path(scope.get("path", "")),
                             status, seconds * 1000, record.retrievals, record.tokens["prompt"],
                             record.tokens["generated"])
 

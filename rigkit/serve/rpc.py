@@ -1,6 +1,8 @@
 """`POST /rpc`: JSON-RPC 2.0 over the same service (`rig.ask`, `rig.search`, `rig.models`).
 
-Batches run their calls in order; notifications (no `id`) get no reply. Standard codes: -32700
+Batches run their calls in order; notifications (no `id`) get no reply. A batch holds at most 64
+calls and 256 `rig.search` queries in all (one `/retrieve` call's cap), else one -32600 error
+and no call runs. Standard codes: -32700
 parse error, -32600 invalid request, -32601 unknown method, -32602 invalid params, -32603
 internal; -32000 is a full queue (HTTP 429 with `Retry-After` when the request was a single call).
 A body sent as anything but `application/json` is refused with HTTP 415.
@@ -20,6 +22,7 @@ from rigkit.serve.exposure import not_json
 from rigkit.serve.jobs import error_body, error_of, status_of, submit, wait_job
 from rigkit.serve.metrics import note_searches
 from rigkit.serve.schemas import (
+    MAX_QUERIES,
     AskParams,
     RequestError,
     SearchParams,
@@ -29,10 +32,11 @@ from rigkit.serve.schemas import (
 from rigkit.serve.service import AskOptions, RigService
 from rigkit.serve.worker import Busy, Draining
 
-__all__ = ["add_rpc", "PARSE_ERROR", "INVALID_REQUEST", "METHOD_NOT_FOUND", "INVALID_PARAMS"]
+__all__ = ["add_rpc", "MAX_BATCH", "PARSE_ERROR", "INVALID_REQUEST", "METHOD_NOT_FOUND", "INVALID_PARAMS"]
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
 SERVER_BUSY = -32000
+MAX_BATCH = 64  # calls in one batch: they run in order, so one request holds the server for all of them
 
 
 class _RpcError(Exception):
@@ -61,6 +65,8 @@ def add_rpc(app: FastAPI, service: RigService) -> None:
         if isinstance(payload, list):
             if not payload:
                 return JSONResponse(_error(None, INVALID_REQUEST, "an empty batch"))
+            if (problem := _batch_too_large(payload)) is not None:
+                return JSONResponse(problem)
             replies = [r for r in [await _call(service, request, item) for item in payload] if r is not None]
             return JSONResponse(replies) if replies else Response(status_code=204)
         reply = await _call(service, request, payload)
@@ -69,6 +75,27 @@ def add_rpc(app: FastAPI, service: RigService) -> None:
         busy = reply.get("error", {}).get("code") == SERVER_BUSY
         headers = {"Retry-After": str(reply["error"]["data"]["retry_after"])} if busy else None
         return JSONResponse(reply, status_code=429 if busy else 200, headers=headers)
+
+
+def _batch_too_large(batch: list[Any]) -> dict[str, Any] | None:
+    """The error for a batch over `MAX_BATCH` calls or `MAX_QUERIES` rig.search queries in all
+    (what one /retrieve call may ask), checked before any call runs; None when within both."""
+    if len(batch) > MAX_BATCH:
+        return _error(None, INVALID_REQUEST, f"invalid request: a batch of {len(batch)} calls, over the limit of "
+                      f"{MAX_BATCH}; send at most {MAX_BATCH} per batch", {"limit": MAX_BATCH, "calls": len(batch)})
+    queries = sum(_queries_in(item) for item in batch)
+    if queries > MAX_QUERIES:
+        return _error(None, INVALID_REQUEST, f"invalid request: the batch's rig.search calls ask {queries} queries, "
+                      f"over the limit of {MAX_QUERIES} per request", {"limit": MAX_QUERIES, "queries": queries})
+    return None
+
+
+def _queries_in(item: Any) -> int:
+    params = item.get("params") if isinstance(item, dict) and item.get("method") == "rig.search" else None
+    if not isinstance(params, dict):
+        return 0
+    queries = params.get("queries")
+    return len(queries) if isinstance(queries, list) else 1
 
 
 def _no_constant(name: str) -> Any:
