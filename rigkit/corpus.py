@@ -26,7 +26,7 @@ import logging
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
 from rigkit.files import iter_jsonl, write_jsonl_atomic
+from rigkit.trace import Hit
 
 __all__ = [
     "Block",
@@ -42,6 +43,7 @@ __all__ = [
     "BLOCK_SEPARATOR",
     "HEADING",
     "check_doc_id",
+    "held_to_corpus_rules",
     "corpus_fingerprint",
     "markdown_sections",
     "chunk_documents",
@@ -160,6 +162,24 @@ def check_doc_id(doc_id: str) -> str | None:
     if "[[" in doc_id or "]]" in doc_id:
         return "contains '[[' or ']]' (reserved for citation tags)"
     return None
+
+
+def held_to_corpus_rules(hit: Hit) -> Hit:
+    """`hit` with ids a corpus would accept: an unusable chunk or document id (one that could
+    close a citation tag, break a line or hide in a terminal) becomes `passage-<hash>`, the
+    original kept in `metadata["original_id"]`. Every retriever's hits meet it: the context
+    manager's, and a remote server's or a named source's where they come in."""
+    fixes = {}
+    for name in ("chunk_id", "doc_id"):
+        value = getattr(hit, name)
+        if check_doc_id(value) is not None:
+            fixes[name] = "passage-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    if not fixes:
+        return hit
+    log.warning("a retrieved passage's id %s (%s) was replaced by %s", ascii(hit.chunk_id)[:80],
+                check_doc_id(hit.chunk_id) or check_doc_id(hit.doc_id), fixes.get("chunk_id", hit.chunk_id))
+    metadata = {**hit.metadata, "original_id": hit.chunk_id}
+    return replace(hit, **fixes, metadata=metadata)
 
 
 def corpus_fingerprint(path: str | Path) -> str:

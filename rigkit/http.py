@@ -11,9 +11,9 @@ server. Every failure is one `UpstreamError` line naming the server and the URL.
 the full answer (a streamed one included) end within it, however slowly a server drips its bytes.
 httpx has only per-operation timeouts, so each try is read by a worker thread and the caller waits
 on it against the deadline. No try starts after the deadline; a wait between tries (at most
-`MAX_WAIT`) that would end past the deadline is not waited: the call fails at once, saying the
-status (429 ...), the wait asked for (`Retry-After`) and the tries so far, so a call ends within
-`timeout` seconds. A server that keeps answering 429 is told about in the log before each wait,
+`MAX_WAIT`) that would end past the deadline, or a `Retry-After` that asks for one, is not
+waited: the call fails at once, saying the status (429 ...), the wait asked for (`Retry-After`)
+and the tries so far, so a call ends within `timeout` seconds. A server that keeps answering 429 is told about in the log before each wait,
 and the final error says how many tries over how many seconds.
 
 Environment proxies (`HTTPS_PROXY`, `NO_PROXY` ...) are read once per client, with the standard
@@ -200,13 +200,23 @@ class _NoticedRetry(Retry):
         call = response.request.extensions.get(_CALL) if isinstance(response, httpx.Response) else None
         if call is not None:
             wait = self._calculate_sleep(response.headers)
-            if time.monotonic() + wait >= call.deadline:  # the deadline is total: no wait past it
+            # the deadline is total: no wait past it, and none at all where the server asks for
+            # one past it (`Retry-After: 3600`): a capped wait would only ask again too early
+            if time.monotonic() + max(wait, self._asked_wait(response.headers)) >= call.deadline:
                 raise _WaitPastDeadline(response.status_code, wait, response.headers.get("retry-after"),
                                         request=response.request)
             log.warning("the %s at %s answered %s (try %d of %d): retrying in %.1f s, until the "
                         "call's %g s deadline", call.name, call.url, response.status_code, self.attempts_made, self.total + 1,
                         wait, call.timeout)
         super().sleep(response)
+
+    def _asked_wait(self, headers: httpx.Headers) -> float:
+        """The wait a `Retry-After` asks for, uncapped (0 without one, or one that is no time)."""
+        asked = headers.get("retry-after", "").strip()
+        try:
+            return max(0.0, self.parse_retry_after(asked)) if asked else 0.0
+        except ValueError:
+            return 0.0
 
 
 class _DeadlineTransport(httpx.BaseTransport):

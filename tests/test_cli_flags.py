@@ -199,3 +199,50 @@ def test_only_build_assembles_in_bench_notebooks_and_the_commands():
     import rigkit.generation
 
     assert "load_generator" not in rigkit.__all__ and "load_generator" not in rigkit.generation.__all__
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """Every parser of the command line: the root, each command group and each command."""
+    yield parser
+    for sub in (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)):
+        for child in sub.choices.values():
+            yield from _parsers(child)
+
+
+def _stand_ins(parser: argparse.ArgumentParser) -> list[str]:
+    """Values for a command's positional arguments and required options, enough for it to parse."""
+    values: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) or (action.option_strings and not action.required):
+            continue
+        count = {None: 1, "+": 1, "*": 0, "?": 0}.get(action.nargs, action.nargs)
+        value = str(next(iter(action.choices))) if action.choices else "x"
+        values += [*action.option_strings[:1], *[value] * count]
+    return values
+
+
+def _prefix_flag(parser: argparse.ArgumentParser) -> str | None:
+    """A long flag cut by one letter that is no flag itself (`--mode` of `--model`)."""
+    names = {s for a in parser._actions for s in a.option_strings}
+    cut = sorted(s[:-1] for s in names if s.startswith("--") and len(s) > 4 and s != "--help")
+    return next((c for c in cut if c not in names), None)
+
+
+def test_no_parser_matches_a_flag_by_its_prefix():
+    assert all(p.allow_abbrev is False for p in _parsers(build_parser()))
+
+
+@pytest.mark.parametrize("name, parser", [(n, p) for n, p in COMMANDS if _prefix_flag(p)],
+                         ids=[n for n, p in COMMANDS if _prefix_flag(p)])
+def test_a_flags_prefix_is_an_unknown_flag_that_exits_2_and_is_named(name, parser, capsys):
+    prefix = _prefix_flag(parser)
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args([*name.split()[1:], *_stand_ins(parser), prefix])
+    assert done.value.code == 2
+    assert f"unrecognized arguments: {prefix}" in capsys.readouterr().err
+
+
+def test_ask_mode_is_not_ask_model(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["ask", "Who wrote it?", "--mode", "bm25"])
+    assert done.value.code == 2 and "unrecognized arguments: --mode bm25" in capsys.readouterr().err

@@ -61,9 +61,17 @@ def test_a_busy_server_is_retried_honouring_retry_after_up_to_the_cap(waits):
     server = Scripted(503, 429, retry_after="1")
     assert _retriever(server).search("Eiffel Tower")[0].doc_id == "eiffel"
     assert len(server.requests) == 3 and waits == [1.0, 1.0]
-    capped = Scripted(503, retry_after="3600")
+    capped = Scripted(503, retry_after=str(int(MAX_WAIT) + 15))  # asked for within the deadline: waited, capped
     _retriever(capped, timeout=MAX_WAIT + 60).search("Eiffel Tower")
     assert waits[-1] == MAX_WAIT
+
+
+def test_a_retry_after_asking_past_the_deadline_fails_at_once_though_the_cap_would_fit(waits):
+    """`Retry-After: 3600` under a 120 s deadline: no 30 s waits that ask again too early."""
+    server = Scripted(429, retry_after="3600")
+    with pytest.raises(RemoteRetrievalError, match=r"answered 429 and asked for a wait \(Retry-After: 3600\)"):
+        _retriever(server, timeout=120).search("Eiffel Tower")
+    assert waits == [] and len(server.requests) == 1
 
 
 def test_a_retry_after_past_the_deadline_is_not_waited_and_the_error_says_429(waits):

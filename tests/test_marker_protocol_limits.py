@@ -28,11 +28,18 @@ from rigkit.markers.protocol import MAX_TAG_CHARS
         ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{text:>100000000}'\n",
          "has a width of 100000000; at most 1000"),
         ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{text:>{index}}'\n", "from another field"),
+        (f"name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{'x' * 100_000}{{text}}'\n",
+         "100006 characters long; at most 500"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{text} {text}'\n", "holds {text} more than once"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '{title.__class__} {text}'\n",
+         "the field {title.__class__} is not one of index, id, title, text"),
+        ("name: q\nopen: '<q>'\nclose: '</q>'\npassage_format: '" + "{index}" * 9 + "{text}'\n",
+         "it has 10 fields; at most 8"),
         ("name: q\nopen: '<q>'\n  close: '</q>'\n", "bad.yaml:3: not valid YAML"),
         ("name: q\nopen: '<q>'\nstrip: ['a'\n", "bad.yaml:4: not valid YAML"),
     ],
     ids=["huge-tag", "empty-strip", "blank-strip", "long-strip", "answer-is-search", "case-only", "dot", "no-letter",
-         "huge-width", "nested-width", "yaml-indent", "yaml-unclosed"],
+         "huge-width", "nested-width", "long-format", "text-twice", "attribute", "many-fields", "yaml-indent", "yaml-unclosed"],
 )
 def test_protocol_files_that_would_break_a_run_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.yaml"
@@ -41,6 +48,7 @@ def test_protocol_files_that_would_break_a_run_are_one_line_errors(tmp_path, con
     with pytest.raises(MarkerProtocolError) as err:
         resolve_protocol(str(path))
     assert message in str(err.value) and "\n" not in str(err.value) and str(path) in str(err.value)
+    assert len(str(err.value)) < 400 + len(str(path))  # the error shows a long format cut short
     assert time.perf_counter() - started < 1.0
 
 

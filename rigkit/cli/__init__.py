@@ -17,10 +17,17 @@ __all__ = ["main", "add_config_options", "run_config", "check_config", "check_te
 COMMAND_MODULES = ("ask", "index", "trigger", "evaluate", "markers", "serve", "config")
 
 
+class RigkitParser(argparse.ArgumentParser):
+    """argparse without prefix matching: `--mode` must not be read as `--model`. Sub-command
+    parsers are made with the parent's class, so every parser of the command line is one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rigkit", description="Retrieval-Interleaved Generation workbench"
-    )
+    parser = RigkitParser(prog="rigkit", description="Retrieval-Interleaved Generation workbench")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", required=True)

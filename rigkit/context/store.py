@@ -10,21 +10,16 @@ question; `max_passage_tokens` caps it.
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import re
 from collections.abc import Callable
-from dataclasses import replace
 
 from rigkit.compression import Compressor, compressed_hit, compression_target
 from rigkit.config import ContextConfig
-from rigkit.corpus import check_doc_id
+from rigkit.corpus import held_to_corpus_rules
 from rigkit.trace import Hit, Injection
 
 __all__ = ["PassageStore", "fingerprint", "near_duplicate", "held_to_corpus_rules", "shared_words",
            "least_related"]
-
-log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -46,22 +41,6 @@ def least_related(pool: list[Hit], focus: str) -> Hit:
     """The passage sharing the fewest words with `focus` (question and draft), the oldest on ties."""
     words = shared_words(focus)
     return min(pool, key=lambda h: (len(words & shared_words(h.text)), -pool.index(h)))
-
-
-def held_to_corpus_rules(hit: Hit) -> Hit:
-    """`hit` with ids a corpus would accept: an unusable chunk or document id (one that could
-    close a citation tag, break a line or hide in a terminal) becomes `passage-<hash>`."""
-    fixes = {}
-    for name in ("chunk_id", "doc_id"):
-        value = getattr(hit, name)
-        if check_doc_id(value) is not None:
-            fixes[name] = "passage-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    if not fixes:
-        return hit
-    log.warning("a retrieved passage's id %s (%s) was replaced by %s", ascii(hit.chunk_id)[:80],
-                check_doc_id(hit.chunk_id) or check_doc_id(hit.doc_id), fixes.get("chunk_id", hit.chunk_id))
-    metadata = {**hit.metadata, "original_id": hit.chunk_id}
-    return replace(hit, **fixes, metadata=metadata)
 
 
 def near_duplicate(a: frozenset[str], b: frozenset[str], threshold: float = 0.8) -> bool:

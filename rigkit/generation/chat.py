@@ -42,10 +42,13 @@ from rigkit.generation.chat_messages import (
 from rigkit.generation.chat_probe import ChatServer, probe_server, tokens_in
 from rigkit.generation.chat_stream import ChatReply, stream_events
 from rigkit.generation.server_replies import (
+    TEMPLATE_TOKENS,
     ServerError,
     api_key_from_env,
+    before_special,
     check_not_empty,
     read_json,
+    special_cut,
     usage_count,
 )
 from rigkit.generation.stops import segment_end
@@ -149,7 +152,10 @@ class ChatGenerator:
         if server.vllm and stop.keep:
             body["skip_special_tokens"] = False
         joins = way == "new_turn" and draft and not draft[-1].isspace()
-        reply, end, sent = ChatReply(space_before=bool(joins)), None, 0
+        reply = ChatReply(space_before=bool(joins), scored=server.logprobs,
+                          where=f"the model server at {self.base_url}/chat/completions")
+        turn_ends = tuple(s for s in TEMPLATE_TOKENS if s not in stop.keep)  # a protocol's own tags stay
+        end, finish, sent = None, reply.finish, 0
         events = stream_events(self._client, "/chat/completions", body)
         try:
             for event in events:
@@ -157,7 +163,7 @@ class ChatGenerator:
                 texts, logprobs = reply.answer_tokens()
                 if way == "continue":
                     self._check_continued("".join(texts), draft)
-                end = segment_end(texts, logprobs, stop)
+                end, finish = _cut(reply, texts, logprobs, stop, turn_ends, max_new_tokens)
                 upto = len(texts) if end is None else end
                 if on_token is not None:
                     for piece in texts[sent:upto]:
@@ -165,15 +171,15 @@ class ChatGenerator:
                             on_token(piece)  # may raise to abort (a client that went away)
                 sent = max(sent, upto)
                 if end is not None:
-                    if server.vllm:  # it stops on the same strings: its last event carries the usage
+                    if server.vllm and finish == "stop":  # it stops on the same strings: its last event carries the usage
                         reply.read_usage_after(events, limit=4)
-                    break
+                    break  # closing the stream tells the server to stop
         finally:
             events.close()
         # the answer's first segment; one written again after passages may end at once (the
         # controller then keeps the segment it set aside)
         first = not any(piece.role in ("draft", "passages") for piece in prompt)
-        return self._segment(reply, end, way, messages, max_new_tokens, first)
+        return self._segment(reply, end, finish, way, messages, max_new_tokens, first)
 
     def generate(self, prompt: str, max_new_tokens: int = 48) -> str:
         """One greedy helper reply (e.g. a query rewrite); reasoning is not part of it."""
@@ -186,7 +192,7 @@ class ChatGenerator:
         text = message.get("content") or ""
         if not isinstance(text, str):
             raise ServerError(f"{where} sent the content {text!r} where a string belongs")
-        return text[split_reasoning(text).start:].strip()
+        return before_special(text[split_reasoning(text).start:], TEMPLATE_TOKENS).strip()
 
     def count_tokens(self, text: str) -> int:
         server = self._probe()
@@ -255,8 +261,8 @@ class ChatGenerator:
                               "asked to continue (its reply starts the answer again); set "
                               "generator.continuation: new_turn")
 
-    def _segment(self, reply: ChatReply, end: int | None, way: str, messages: list, max_new_tokens: int,
-                 first: bool) -> Segment:
+    def _segment(self, reply: ChatReply, end: int | None, finish: str, way: str, messages: list,
+                 max_new_tokens: int, first: bool) -> Segment:
         texts, logprobs = reply.answer_tokens()
         entropies = reply.answer_entropies()
         keep = len(texts) if end is None else end
@@ -270,7 +276,6 @@ class ChatGenerator:
         where = f"the model server at {self.base_url}/chat/completions"
         if first:
             check_not_empty(text, reply.finish, where)
-        finish = "stop" if end is not None else reply.finish
         segment = Segment(text=text, tokens=texts[:keep], token_ids=[-1] * keep, logprobs=logprobs[:keep],
                           entropies=entropies[:keep], finish_reason=finish, reasoning=reasoning,
                           continuation=way)
@@ -293,6 +298,24 @@ class ChatGenerator:
             question, request = self._question_seed, self._requests
         seed = self.seed if question is None else _request_seed(question, request)
         return {"temperature": self.temperature, "top_p": self.top_p, **({"seed": seed} if seed is not None else {})}
+
+
+def _cut(reply: ChatReply, texts: list[str], logprobs: list[float], stop: StopRule, turn_ends: tuple[str, ...],
+         max_new_tokens: int) -> tuple[int | None, str]:
+    """Where the segment ends now (tokens kept) and why, or (None, the reply's finish) to read on:
+    the stop rule ("stop"); chat-template text the server wrote (its turn ended there); or the
+    token cap a server that ignores `max_tokens` ran past ("length")."""
+    special = special_cut(texts, turn_ends)
+    if special is not None:
+        texts, logprobs = texts[:special], logprobs[:special]
+    end = segment_end(texts, logprobs, stop)
+    if end is not None:
+        return end, "stop"
+    if special is not None:
+        return special, "end_of_turn"
+    if reply.over(max_new_tokens):
+        return min(len(texts), max_new_tokens), "length"
+    return None, reply.finish
 
 
 def _request_seed(question_seed: int, request: int) -> int:

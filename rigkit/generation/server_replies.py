@@ -20,7 +20,7 @@ from typing import Any
 from rigkit.errors import InputError, UpstreamError
 
 __all__ = ["ServerError", "TokenScores", "truncated_entropy", "read_json", "read_event", "served_models", "token_scores",
-           "usage_count", "shown", "special_cut", "before_special", "check_not_empty", "api_key_from_env"]
+           "usage_count", "shown", "special_cut", "TEMPLATE_TOKENS", "before_special", "check_not_empty", "api_key_from_env"]
 
 
 class ServerError(UpstreamError, ConnectionError):
@@ -129,20 +129,31 @@ def _logprob(value: Any, where: str, allow_minus_inf: bool) -> float:
     return float(number)
 
 
+# The special-token spellings of the common chat templates (ChatML, Llama 2 / 3, Gemma, Phi,
+# Mistral, DeepSeek): a chat server has no tokenizer here to ask, and a reply holding one wrote
+# past its turn's end.
+TEMPLATE_TOKENS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>",
+                   "<|start_header_id|>", "<|end_header_id|>", "<|end|>", "<|user|>", "<|assistant|>",
+                   "<|system|>", "</s>", "[INST]", "[/INST]", "<start_of_turn>", "<end_of_turn>",
+                   "<\uff5cend\u2581of\u2581sentence\uff5c>")
+
+
 def special_cut(texts: list[str], specials: tuple[str, ...] | list[str]) -> int | None:
     """How many of the tokens `texts` come before the first chat-template special-token string
-    (`specials`, e.g. `<|im_end|>`), or None when there is none. A token holding one is dropped
-    whole: the turn ended there."""
+    (`specials`, e.g. `<|im_end|>`), or None when there is none. The token where it starts is
+    dropped whole, with the rest: the turn ended there (a string spread over tokens too)."""
     if not specials:
         return None
-    text, at = "", 0
+    text = "".join(texts)
+    found = [i for i in (text.find(s) for s in specials) if i >= 0]
+    if not found:
+        return None
+    at, seen = min(found), 0
     for i, piece in enumerate(texts):
-        text += piece
-        # a special string may span tokens: look at what this token completes
-        if any(s in text[max(0, at - len(s)):] for s in specials):
+        if seen + len(piece) > at:
             return i
-        at = len(text)
-    return None
+        seen += len(piece)
+    return len(texts)
 
 
 def before_special(text: str, specials: tuple[str, ...] | list[str]) -> str:

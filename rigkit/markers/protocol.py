@@ -157,21 +157,37 @@ def _check(p: MarkerProtocol) -> None:
         _check_widths(p.passage_format)
         p.passage_format.format(**_PASSAGE_FIELDS)
     except (KeyError, IndexError, ValueError) as err:
+        shown = p.passage_format if len(p.passage_format) <= 80 else p.passage_format[:80] + "..."
         raise MarkerProtocolError(
-            f"passage_format {p.passage_format!r} is not a format with fields index, id, title, text ({err})"
+            f"passage_format {shown!r} is not a format with fields index, id, title, text ({err})"
         ) from None
 
 
 MAX_FIELD_WIDTH = 1000  # a passage_format field's width or precision: padding beyond it only wastes context
+MAX_FORMAT_CHARS = 500  # a passage_format's own length: its text is repeated for every passage
+MAX_FORMAT_FIELDS = 8  # replacement fields in one passage_format
 
 
 def _check_widths(template: str) -> None:
-    """Refuse a field width or precision over `MAX_FIELD_WIDTH` (`{text:>100000000}` would pad every
-    passage to 100 MB) and widths taken from other fields."""
+    """Bound a passage_format before it formats any passage: its length, its number of fields,
+    the passage text at most once, field names that are the four fields themselves (no attribute
+    or index access: `{text.__class__}`), and no width or precision over `MAX_FIELD_WIDTH`
+    (`{text:>100000000}` would pad every passage to 100 MB) nor taken from another field."""
     import string
 
+    if len(template) > MAX_FORMAT_CHARS:
+        raise ValueError(f"it is {len(template)} characters long; at most {MAX_FORMAT_CHARS}")
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    if len(names) > MAX_FORMAT_FIELDS:
+        raise ValueError(f"it has {len(names)} fields; at most {MAX_FORMAT_FIELDS}")
+    if names.count("text") > 1:
+        raise ValueError("it holds {text} more than once; every passage would be repeated")
     for _, name, spec, _ in string.Formatter().parse(template):
-        if name is None or not spec:
+        if name is None:
+            continue
+        if name not in _PASSAGE_FIELDS:
+            raise ValueError(f"the field {{{name}}} is not one of {', '.join(_PASSAGE_FIELDS)}")
+        if not spec:
             continue
         if "{" in spec:
             raise ValueError(f"the field {{{name}:{spec}}} takes its format from another field")

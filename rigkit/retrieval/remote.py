@@ -15,9 +15,10 @@ Search-R1's: `title` and `text` where the document has them, else the title and 
 `contents`; a document without an id gets `passage-<hash of its contents>`, so the context still
 tells passages apart. Requests go through `rigkit.http`: one client, retries on connection errors
 and busy answers. A hit that is not a document with text and a numeric score is an error naming
-the server. What the hits say is the server's to choose: their ids and texts pass the context
-manager's checks like every retriever's (`rigkit.context.held_to_corpus_rules`), not a check of
-their own here.
+the server. An id a corpus would refuse (`[[`, `]]`, control characters, over-long) becomes
+`passage-<hash>` as the hit is read (`rigkit.corpus.held_to_corpus_rules`, the context manager's
+rule too), so `/retrieve`, `rig.search` and MCP never pass one on; texts pass the context
+manager's checks like every retriever's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rigkit.corpus import split_contents
+from rigkit.corpus import held_to_corpus_rules, split_contents
 from rigkit.errors import UpstreamError
 from rigkit.http import ServerClient
 from rigkit.retrieval.filters import Filters, parse_filters
@@ -133,7 +134,7 @@ class RemoteRetriever:
             title, text = _title_and_text(document)
             chunk_id = str(document["id"]) if document.get("id") not in (None, "") else _stand_in_id(title, text)
             metadata = document.get("metadata")
-            return Hit(
+            return held_to_corpus_rules(Hit(
                 chunk_id=chunk_id,
                 doc_id=str(document.get("doc_id", chunk_id)),
                 title=title,
@@ -141,7 +142,7 @@ class RemoteRetriever:
                 score=_number(item.get("score", document.get("score", 0.0))),
                 ranks={"remote": int(item["rank"])} if "rank" in item else {},
                 metadata=dict(metadata) if isinstance(metadata, dict) else {},
-            )
+            ))
         except (TypeError, ValueError) as err:
             shown = " ".join(json.dumps(item, default=str)[:120].split())
             raise RemoteRetrievalError(f"the retrieval server at {self.url} sent the hit {shown} ({err})") from None

@@ -6,7 +6,9 @@ Routing, the first that applies:
 2. a source's `route` rule, a regular expression, matches the query (sources in order);
 3. every source, searched in parallel, lists merged by RRF (`fuse_hit_lists`).
 Every hit carries its source's name (`Hit.source`) and a chunk id prefixed with it (`name:id`), so
-two indexes that both number their chunks `d1#0` stay apart in the context and its citations.
+two indexes that both number their chunks `d1#0` stay apart in the context and its citations. Ids
+a corpus would refuse (`[[`, `]]`, control characters) become `passage-<hash>` here
+(`held_to_corpus_rules`), as a single remote server's do.
 
 A source that fails (a server that is down) does not fail a search another source answered: the
 failure goes to the notes `collect_notes()` gathers, which the controller records in the result's
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigkit.config import RetrievalConfig, SourceConfig
-from rigkit.errors import InputError, RigkitError
+from rigkit.corpus import held_to_corpus_rules
+from rigkit.errors import InputError, UpstreamError
 from rigkit.retrieval.base import Retriever
 from rigkit.retrieval.filters import parse_filters, search_filtered
 from rigkit.retrieval.hybrid import fuse_hit_lists
@@ -43,8 +46,8 @@ SOURCE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _NOTES: ContextVar[list[str] | None] = ContextVar("rigkit_source_notes", default=None)
 
 
-class SourcesDownError(RigkitError, ConnectionError):
-    """No source of a search answered."""
+class SourcesDownError(UpstreamError, ConnectionError):
+    """No source of a search answered: a server rigkit calls failed (`rigkit serve` answers 502)."""
 
 
 @contextlib.contextmanager
@@ -148,7 +151,9 @@ class SourcesRetriever:
 
 
 def _tagged(hit: Hit, name: str) -> Hit:
-    return dataclasses.replace(hit, chunk_id=f"{name}:{hit.chunk_id}", source=name)
+    # held to a corpus's id rules as a single retriever's hits are: /retrieve, rig.search and MCP
+    # hand them on as they are, so a forged id never leaves here
+    return held_to_corpus_rules(dataclasses.replace(hit, chunk_id=f"{name}:{hit.chunk_id}", source=name))
 
 
 def check_names(names: Sequence[str]) -> None:

@@ -130,10 +130,13 @@ async def _dispatch(service: RigService, request: Request, method: str, params: 
         if not queries:  # each one given was checked by SearchParams
             raise _RpcError(INVALID_PARAMS, "invalid params: give a non-empty query or queries")
         try:
-            hits = await asyncio.to_thread(service.search, queries, p.topk, p.filters)
+            hits = await asyncio.to_thread(service.search, queries, p.topk, p.filters, p.source)
             note_searches(len(queries))
-        except InputError as err:  # a filter the index cannot answer: an unknown key, no match
-            raise _RpcError(INVALID_PARAMS, f"invalid params: {err}", {"field": "filters"}) from err
+        except InputError as err:  # an unknown source, a filter the index cannot answer (unknown key, no match)
+            field = "source" if p.source and "source" in str(err) else "filters"
+            raise _RpcError(INVALID_PARAMS, f"invalid params: {err}", {"field": field}) from err
+        except UpstreamError as err:  # the source asked for (or every source) is down: as /retrieve's 502
+            raise _RpcError(INTERNAL, str(err), {"status": status_of(err), "code": error_of(err)["error"]["code"]}) from err
         result = [[{"id": h.chunk_id, "title": h.title, "text": h.text, "score": h.score} for h in q] for q in hits]
         return result[0] if p.queries is None else result
     if method == "rig.ask":

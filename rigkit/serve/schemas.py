@@ -294,6 +294,7 @@ class SearchParams(_Body):
     queries: list[str] | None = Field(None, min_length=1, max_length=MAX_QUERIES)
     topk: int = Field(3, ge=1, le=100)
     filters: FilterSpec = None  # only chunks whose metadata passes (docs/retrieval.md)
+    source: str | None = Field(None, max_length=64)  # the knowledge base to search, as on /retrieve
 
     _check_queries = field_validator("queries")(_queries_asked)
     _check_filters = field_validator("filters")(_filters_given)
