@@ -20,17 +20,21 @@ from rigkit.transcript import Piece, StopRule
 from tests.conftest import CliRun, local_http_server
 from tests.test_chat_faults import MODEL, ChatScript, _ask, _chunk, _words
 
+HELPER_PROMPT = "Rewrite the question as a search query."
+
 
 class LyingChat(ChatScript):
     """`ChatScript`, plus, for streamed replies: `endless` streams words until the client hangs up
     (it ignores `max_tokens`), `retry_after` answers with a 429 asking for that wait, `html` with
-    a proxy's error page."""
+    a proxy's error page; `helper` is the reply to a helper call (`HELPER_PROMPT`, not streamed)."""
 
     def do_POST(self) -> None:
         s = self.server.settings
         raw = self.rfile.read(int(self.headers["content-length"]))
         self.rfile = io.BytesIO(raw)  # read again by ChatScript.do_POST
         body = json.loads(raw)
+        if s.get("helper") and body["messages"][-1]["content"] == HELPER_PROMPT:
+            return self._send(200, json.dumps(s["helper"]).encode())
         special = s.get("endless") or s.get("retry_after") or s.get("html")
         if not (special and self.path.endswith("/chat/completions") and body.get("stream")):
             return super().do_POST()
@@ -91,6 +95,14 @@ def test_two_choices_both_numbered_zero_are_one_line(server):
     server.settings = {"logprobs": False, "stream": [both, _chunk(finish="stop")]}
     with pytest.raises(ServerError, match=rf"{server.url}/v1/chat/completions sent 2 choices numbered 0"):
         _segment(server)
+
+
+def test_a_helper_reply_is_read_from_choice_zero(server):
+    server.settings = {"helper": {"choices": [
+        {"index": 1, "message": {"role": "assistant", "content": "EVIL query"}, "finish_reason": "stop"},
+        {"index": 0, "message": {"role": "assistant", "content": " lakes of Finland\n"}, "finish_reason": "stop"}]}}
+    generator = ChatGenerator(f"{server.url}/v1", MODEL, max_retries=0)
+    assert generator.generate(HELPER_PROMPT) == "lakes of Finland"
 
 
 def test_scores_given_in_the_probe_then_missing_are_an_error_naming_the_server(cli, server):

@@ -40,13 +40,14 @@ from rigkit.generation.chat_messages import (
     split_reasoning,
 )
 from rigkit.generation.chat_probe import ChatServer, probe_server, tokens_in
-from rigkit.generation.chat_stream import ChatReply, stream_events
+from rigkit.generation.chat_stream import ChatReply, choice_zero, stream_events
 from rigkit.generation.server_replies import (
     TEMPLATE_TOKENS,
     ServerError,
     api_key_from_env,
     before_special,
     check_not_empty,
+    read_event,
     read_json,
     special_cut,
     usage_count,
@@ -187,8 +188,8 @@ class ChatGenerator:
         where = f"the model server at {self.base_url}/chat/completions"
         body = {"model": self.spec, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": max_new_tokens, "temperature": 0.0}
-        reply = read_json(self._client.request("POST", "/chat/completions", body).text, where)
-        message = ((reply.get("choices") or [{}])[0] if isinstance(reply, dict) else {}).get("message") or {}
+        reply = read_event(read_json(self._client.request("POST", "/chat/completions", body).text, where), where)
+        message = (choice_zero(reply, where) or {}).get("message") or {}  # choice 0 only, as when streamed
         text = message.get("content") or ""
         if not isinstance(text, str):
             raise ServerError(f"{where} sent the content {text!r} where a string belongs")

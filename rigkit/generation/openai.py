@@ -21,6 +21,10 @@ re-renders the conversation. Concessions, each recorded in `source` (and so in e
 - Prefix reuse happens on the server: `usage.prompt_tokens_details.cached_tokens` becomes
   `tokens_reused` when the server reports it, else `None` ("unknown", not 0).
 - `on_token` gets each token's text as the stream delivers it, never past the stop rule's cut.
+- A server is not believed further than the protocol: only choice 0 is read (rigkit asks for
+  one); text without its log-probabilities, or more scored tokens than the text has bytes, ends
+  the call in one line naming the server (every decider reads the tokens from them); and a
+  server that ignores `max_tokens` is cut on this side, its stream closed.
 - Marker tags that are special tokens (`StopRule.keep`, e.g. R1-Searcher's `<|begin_of_search|>`)
   must survive decoding. vLLM sends token ids, decoded here with those tags kept, and is asked
   for `skip_special_tokens: false` so its stop strings see them; SGLang is asked the same. Other
@@ -44,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.errors import InputError
-from rigkit.generation.chat_stream import stream_events
+from rigkit.generation.chat_stream import MAX_TOKEN_CHARS, choice_zero, stream_events
 from rigkit.generation.server_replies import (
     ServerError,
     api_key_from_env,
@@ -53,6 +57,7 @@ from rigkit.generation.server_replies import (
     read_event,
     read_json,
     served_models,
+    shown,
     special_cut,
     token_scores,
     truncated_entropy,
@@ -187,15 +192,22 @@ class OpenAIGenerator:
         finish, usage, end, sent, reason = "length", None, None, 0, None
         turn_ends = tuple(s for s in self._specials if s not in stop.keep)  # leaked template tokens
         keep = kept_tag_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
+        where = f"the model server at {self.base_url}/completions"
         events = self._stream("/completions", body)
         try:
             for chunk in events:
                 usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
+                choice = choice_zero(chunk, where)  # others a server weaves in never reach the answer
+                if choice is not None:
                     self._read_choice(choice, server, keep, texts, token_ids, logprobs, entropies)
                     if choice.get("finish_reason"):
                         reason = choice["finish_reason"]
                         finish = "end_of_turn" if reason == "stop" else "length"
+                capped = _over(texts, max_new_tokens)
+                if capped:  # a server that ignores max_tokens: cut here, its stream closed below
+                    n = max_new_tokens
+                    del texts[n:], token_ids[n:], logprobs[n:], entropies[n:]
+                    finish = reason = "length"
                 special = special_cut(texts, turn_ends)
                 if special is not None:  # the server wrote a turn's end as text: the answer ends before it
                     del texts[special:], token_ids[special:], logprobs[special:], entropies[special:]
@@ -207,8 +219,8 @@ class OpenAIGenerator:
                         if piece:
                             on_token(piece)  # may raise to abort (a client that went away)
                     sent = max(sent, upto)
-                if end is None and special is not None:
-                    break
+                if end is None and (special is not None or capped):
+                    break  # closing the stream tells the server to stop
                 if end is not None:
                     if server.vllm:  # it stops on the same strings: its last event carries the usage
                         usage = _usage_after(events, limit=4) or usage
@@ -224,7 +236,6 @@ class OpenAIGenerator:
             text="".join(texts[:keep]), tokens=texts[:keep], token_ids=token_ids[:keep],
             logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
         )
-        where = f"the model server at {self.base_url}/completions"
         # the answer's first segment; a segment written again after passages (regenerate) may end at
         # once: the controller keeps the one it set aside
         if not any(piece.role in ("draft", "passages") for piece in prompt):
@@ -246,7 +257,7 @@ class OpenAIGenerator:
         body = {"model": self.spec, "prompt": text, "max_tokens": max_new_tokens, "temperature": 0.0}
         where = f"the model server at {self.base_url}/completions"
         reply = read_event(read_json(self._client.request("POST", "/completions", body).text, where), where)
-        text = ((reply.get("choices") or [{}])[0]).get("text", "")
+        text = (choice_zero(reply, where) or {}).get("text", "")
         if not isinstance(text, str):
             raise ServerError(f"{where} sent the text {text!r} where a string belongs")
         return before_special(text, self._specials).strip()
@@ -270,16 +281,24 @@ class OpenAIGenerator:
     # -- reading a streamed choice ---------------------------------------------------------
     def _read_choice(self, choice: dict, server: _Server, keep: frozenset[int], texts: list,
                      token_ids: list, logprobs: list, entropies: list) -> None:
-        lp = choice.get("logprobs")
-        if not lp or (isinstance(lp, dict) and lp.get("tokens") is None):
-            if choice.get("text"):
+        where = f"the model server at {self.base_url}/completions"
+        lp, text = choice.get("logprobs"), choice.get("text")
+        tokens = lp.get("tokens") if isinstance(lp, dict) else None
+        if not tokens:  # the answer is read from the scored tokens: text without them would be lost
+            if text:
                 raise ServerError(
-                    f"the model server at {self.base_url} returned no log-probabilities; rigkit needs "
-                    "them (llama.cpp's server: start it with --logits_all true)"
+                    f"{where} sent the text {shown(text)!r} without log-probabilities "
+                    "(choices[0].logprobs.tokens); rigkit reads every token from them (llama.cpp's "
+                    "server: start it with --logits_all true)"
                 )
             return
-        scores = token_scores(lp, f"the model server at {self.base_url}/completions")
+        scores = token_scores(lp, where)
         tokens = scores.tokens
+        # each token holds a byte at least; up to 3 bytes of a character split across tokens may
+        # come in the next chunk's text (vLLM holds them back)
+        if len(tokens) > 3 + (len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0):
+            raise ServerError(f"{where} sent {len(tokens)} token scores for the text {shown(text or '')!r}: "
+                              "they do not line up with its tokens (each token holds at least one byte)")
         if server.vllm:
             new_ids = [_token_id(t) for t in tokens]
             texts.extend(self._texts_of(token_ids, new_ids, keep))
@@ -379,6 +398,11 @@ def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_re
             f"cannot load the tokenizer {name!r} ({type(err).__name__}); name the served model's tokenizer "
             "with generator.tokenizer (a hub id or a local folder)"
         ) from None
+
+
+def _over(texts: list[str], max_tokens: int) -> bool:
+    """More tokens than asked for, or more text than they could spell (`MAX_TOKEN_CHARS` each)."""
+    return len(texts) > max_tokens or sum(map(len, texts)) > max_tokens * MAX_TOKEN_CHARS
 
 
 def _stop_strings(stop: StopRule) -> list[str]:

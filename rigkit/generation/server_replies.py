@@ -113,7 +113,7 @@ def token_scores(logprobs: Any, where: str) -> TokenScores:
     tops = [None] * len(tokens) if tops is None else tops
     if not isinstance(tops, list) or len(tops) != len(tokens):
         raise ServerError(f"{where} sent {len(tokens)} tokens but top_logprobs {shown(tops)!r}")
-    chosen = [0.0 if v is None else _logprob(v, where, allow_minus_inf=False) for v in values]
+    chosen = [_logprob(v, where, allow_minus_inf=False) for v in values]  # a None is no score, not p = 1
     top_values = []
     for top in tops:
         if top is not None and not isinstance(top, dict):
