@@ -138,7 +138,7 @@ def test_the_ground_round_survives_the_json_round_trip_and_a_saved_run_goes_on_a
             if isinstance(run.step(), SearchRequest):
                 run.search(controller.retriever)
         saved = RunState.from_json(run.state().to_json())
-        assert saved.counters["ground"] is (pause == 3)
+        assert saved.counters.ground is (pause == 3)
         _, fresh = grounded((OPENING + [SUPPORTED, END])[pause:])
         resumed = fresh.restore(saved)
         while (step := resumed.step()) is not None:
