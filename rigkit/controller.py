@@ -102,18 +102,21 @@ class RIGController:
                 yield step
         self.last_result = run.result
 
-    def start(self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = ()) -> Run:
-        """A `Run` of `question`, stepped by its caller; it pauses at each search (see `Run`)."""
+    def start(self, question: str, passages: Sequence[Hit] = (), history: Sequence[tuple[str, str]] = (),
+              reset: bool = True) -> Run:
+        """A `Run` of `question`, stepped by its caller; it pauses at each search (see `Run`).
+        `reset`: the generator forgets its cache and is seeded afresh (a new question)."""
         self._check_question(question)
-        if isinstance(self.generator, SupportsReset):
+        if reset and isinstance(self.generator, SupportsReset):
             self.generator.reset(self.generation.seed)
         self.context.start(question, passages, history)
         return Run(self, question, list(passages), [tuple(t) for t in history])
 
-    def restore(self, state: RunState | str) -> Run:
+    def restore(self, state: RunState | str, reset: bool = True) -> Run:
         """A run saved with `Run.state()` (or its JSON), rebuilt over this controller's parts: the
         context is rebuilt from the run's log, no model call. A state that is malformed, or was
-        saved by another controller or for another question, is a `RunStateError`."""
+        saved by another controller or for another question, is a `RunStateError`. `reset=False`:
+        the generator goes on from where it is (a served run resumed within its own request's life)."""
         # a state made in memory is checked as its JSON would be: nothing in it is trusted
         state = RunState.from_json(state) if isinstance(state, (str, bytes)) else RunState.from_dict(
             dataclasses.asdict(state) if isinstance(state, RunState) else state)
@@ -121,7 +124,7 @@ class RIGController:
         if state.fingerprint != self.fingerprint(state.question, state.passages, history):
             raise RunStateError("this saved run was made by another controller (model or settings) "
                                 "or for another question: it is not restored here")
-        return self.start(state.question, state.passages, history).restored(state)
+        return self.start(state.question, state.passages, history, reset=reset).restored(state)
 
     def fingerprint(self, question: str, passages: Sequence[Hit], history: Sequence[tuple[str, str]]) -> str:
         """What a saved run must match to be restored here: the model, the settings, the question."""
