@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -146,6 +147,21 @@ def factories_called(path: Path) -> list[str]:
         elif isinstance(node, ast.Name) and node.id in FACTORIES:
             found.add(node.id)
     return sorted(found)
+
+
+def deciders_reset_by_hand(tree: ast.AST) -> list[int]:
+    """Lines that give a config another decider by hand (`replace(config, decider=...)`) instead of
+    `RunConfig.with_decider`, where the rule for what carries over lives."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "replace"
+            and any(k.arg == "decider" for k in node.keywords)]
+
+
+def notebook_code(path: Path) -> str:
+    """A notebook's code cells as one module (IPython's `%` and `!` lines left out)."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
 
 
 def _private(name: str) -> bool:
@@ -406,6 +422,39 @@ def test_only_build_turns_a_config_into_parts(path):
     wrong = [f for f in factories_called(path) if FACTORIES[f] != top(name)]
     assert not wrong, (f"{name} uses {wrong}: ask rigkit.build (build_run, build_generator, "
                        "build_retriever, build_decider, assemble) instead")
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", [*sorted(BENCH.glob("*.py")), *NOTEBOOKS], ids=lambda p: p.name)
+def test_bench_and_notebooks_build_through_build_and_reset_deciders_with_with_decider(path):
+    text = notebook_code(path) if path.suffix == ".ipynb" else path.read_text(encoding="utf-8")
+    found, reset = built_by_hand(_parse(path, text))
+    assert not found, f"{path.name} uses {found}: build parts through rigkit.build"
+    assert not reset, f"{path.name}: another decider by hand (line {reset[0]}); use config.with_decider(name)"
+
+
+def built_by_hand(tree: ast.AST) -> tuple[list[str], list[int]]:
+    """The config-to-part factories a script or notebook names, and where it resets a decider by hand."""
+    found = {f for n in ast.walk(tree) for f in FACTORIES
+             if isinstance(n, ast.Name) and n.id == f or isinstance(n, ast.Attribute) and n.attr == f
+             or isinstance(n, ast.ImportFrom) and any(a.name == f for a in n.names)}
+    return sorted(found), deciders_reset_by_hand(tree)
+
+
+def test_a_planted_decider_reset_or_factory_in_bench_fails_the_check():
+    planted = "import dataclasses\nfrom rigkit.generation import load_generator\n" \
+              "config = dataclasses.replace(config, decider=DeciderConfig(name='prob'))\n"
+    found, reset = built_by_hand(ast.parse(planted))
+    assert found == ["load_generator"] and reset == [3]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_the_package_resets_deciders_with_with_decider(path):
+    if module_name(path) == "rigkit.config":
+        return
+    assert not deciders_reset_by_hand(_tree(path)), f"{module_name(path)}: use config.with_decider(name)"
 
 
 # -- the checks catch what they are for: violations planted in a copy of the package ------------
