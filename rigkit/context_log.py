@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rigkit.context import ContextManager
-from rigkit.trace import ContextOp, Hit, Injection, Kept, RoundTrace, Segment
+from rigkit.run_state import ContextOp
+from rigkit.trace import Hit, Injection, Kept, RoundTrace, Segment
 
 __all__ = ["ContextLog"]
 

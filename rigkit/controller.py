@@ -29,9 +29,10 @@ from rigkit.guards import QueryGuard, whole_sentences
 from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
 from rigkit.run import STAGES, Run
+from rigkit.run_state import RunState
 from rigkit.short_answer import SHORT_ANSWER_MODES
 from rigkit.text import check_question, strip_citations
-from rigkit.trace import Hit, RIGResult, RoundTrace, RunState, SearchRequest
+from rigkit.trace import Hit, RIGResult, RoundTrace, SearchRequest
 from rigkit.transcript import StopRule
 
 __all__ = ["RIGController", "Run", "RoundCallback"]

@@ -28,6 +28,7 @@ from rigkit.queries import resolve_query, standalone_question
 from rigkit.retrieval.base import Retriever
 from rigkit.retrieval.hybrid import search_queries
 from rigkit.retrieval.sources import collect_notes
+from rigkit.run_state import RunCounters, RunState
 from rigkit.trace import (
     Action,
     Decision,
@@ -35,8 +36,6 @@ from rigkit.trace import (
     Injection,
     Kept,
     RoundTrace,
-    RunCounters,
-    RunState,
     SearchRequest,
     Segment,
     kept_segments,
@@ -142,7 +141,7 @@ class Run:
     def _round(self) -> RoundTrace | SearchRequest:
         """One segment and the decider's verdict on it; a search pauses the round (`_searched`)."""
         c, n = self.controller, self.counters
-        if n.ground and (rewritten := self._grounded_rewrite()) is not None:
+        if n.ground and (rewritten := _grounded_rewrite(self)) is not None:
             return rewritten
         state = self._decision_state()
         self.observers.on_round_start(len(self.rounds), state)
@@ -222,9 +221,9 @@ class Run:
         c, n = self.controller, self.counters
         self.pending = trace.segment if trace.action is Action.REGENERATE else None
         c.checks.check_support([*self.rounds, trace])
-        self._record_context(trace)
+        _record_context(self, trace)
         self.rounds.append(trace)
-        self.rewrite = self._rewrite_prompt() if c.config.rewrite_unsupported and trace.unsupported else None
+        self.rewrite = _rewrite_prompt(self) if c.config.rewrite_unsupported and trace.unsupported else None
         n.ground = self.rewrite is not None
         self.observers.on_round_end(trace)
         n.goes_on = self._goes_on(trace)
@@ -299,58 +298,61 @@ class Run:
         trace.action = Action.SKIP
         self.log.keep(trace, Kept.SEGMENT)
 
-    # -- controller.rewrite_unsupported ----------------------------------------------------------
-    def _rewrite_prompt(self) -> tuple[Segment, list[Piece], int] | None:
-        """The last kept segment, the strict grounding prompt to write it again, and the tokens
-        the rewrite may take; None when it cannot be written again (see `grounding_pieces`)."""
-        c, kept = self.controller, kept_segments(self.rounds)
-        if not kept:
-            return None
-        budget = min(c.generation.max_segment_tokens,
-                     c.generation.max_answer_tokens - self.counters.generated + len(kept[-1].token_ids))
-        pieces = c.context.grounding_pieces(kept[-1], budget)
-        return None if pieces is None else (kept[-1], pieces, budget)
 
-    def _grounded_rewrite(self) -> RoundTrace | None:
-        """The last kept segment, flagged unsupported, written once more under the strict grounding
-        prompt (action `ground`); the rewrite replaces it only if it is supported."""
-        c, n = self.controller, self.counters
-        prompt = self.rewrite or self._rewrite_prompt()  # made when the round ended; a restored run makes it
-        n.ground, self.rewrite = False, None
-        if prompt is None:
-            return None
-        original, pieces, budget = prompt
-        self.evicted = []  # nothing is fitted for the rewrite: it takes the place of the original
-        self.observers.on_round_start(len(self.rounds), self._decision_state())
-        timings = dict.fromkeys(STAGES, 0.0)
-        with _timer(timings, "generate"):  # the decider's early stop is for its own judgement: not here
-            rewrite = c.generator.next_segment(pieces, dataclasses.replace(c.stop, early=None), budget,
-                                               on_token=self.observers.token_sink)
-        rewrite.context_ids = [h.chunk_id for h in c.context.passages]
-        flagged = " ".join(self.rounds[-1].unsupported)
-        decision = Decision(False, 0.0, f"written again under the strict grounding prompt: {flagged!r} was unsupported",
-                            decider="grounding", segment_text=rewrite.text)
-        trace = RoundTrace(index=len(self.rounds), segment=rewrite, decision=decision, action=Action.GROUND,
-                           timings=timings, tokens_prefilled=rewrite.tokens_prefilled,
-                           tokens_reused=rewrite.tokens_reused, kept=Kept.NOTHING)
-        with _timer(timings, "decide"):
-            trace.fallback = c.checks.ground_fault(rewrite)
-        if trace.fallback:  # the original stays; the answer ends where it ended
-            n.done = original.finished
-        else:
-            self.log.keep(trace, Kept.REWRITE)
-            n.generated += len(rewrite.token_ids) - len(original.token_ids)
-            n.done = False
-        return self._end_round(trace)
 
-    def _record_context(self, trace: RoundTrace) -> None:
-        """The round's evictions, token budget, answer so far and retrieval count."""
-        if evicted := self.evicted:  # passages evicted before this segment to fit the model's context
-            trace.injection = trace.injection or Injection()
-            trace.injection.evicted = evicted + trace.injection.evicted
-        trace.budget = self.controller.context.budget()
-        trace.draft = self.controller.checks.clean(self.controller.context.draft)
-        trace.retrieval_round = self.counters.retrievals
+# -- controller.rewrite_unsupported: steps of the run, apart so `Run` reads as the round --------------
+def _rewrite_prompt(run: Run) -> tuple[Segment, list[Piece], int] | None:
+    """The last kept segment, the strict grounding prompt to write it again, and the tokens
+    the rewrite may take; None when it cannot be written again (see `grounding_pieces`)."""
+    c, kept = run.controller, kept_segments(run.rounds)
+    if not kept:
+        return None
+    budget = min(c.generation.max_segment_tokens,
+                 c.generation.max_answer_tokens - run.counters.generated + len(kept[-1].token_ids))
+    pieces = c.context.grounding_pieces(kept[-1], budget)
+    return None if pieces is None else (kept[-1], pieces, budget)
+
+def _grounded_rewrite(run: Run) -> RoundTrace | None:
+    """The last kept segment, flagged unsupported, written once more under the strict grounding
+    prompt (action `ground`); the rewrite replaces it only if it is supported."""
+    c, n = run.controller, run.counters
+    prompt = run.rewrite or _rewrite_prompt(run)  # made when the round ended; a restored run makes it
+    n.ground, run.rewrite = False, None
+    if prompt is None:
+        return None
+    original, pieces, budget = prompt
+    run.evicted = []  # nothing is fitted for the rewrite: it takes the place of the original
+    run.observers.on_round_start(len(run.rounds), run._decision_state())
+    timings = dict.fromkeys(STAGES, 0.0)
+    with _timer(timings, "generate"):  # the decider's early stop is for its own judgement: not here
+        rewrite = c.generator.next_segment(pieces, dataclasses.replace(c.stop, early=None), budget,
+                                           on_token=run.observers.token_sink)
+    rewrite.context_ids = [h.chunk_id for h in c.context.passages]
+    flagged = " ".join(run.rounds[-1].unsupported)
+    decision = Decision(False, 0.0, f"written again under the strict grounding prompt: {flagged!r} was unsupported",
+                        decider="grounding", segment_text=rewrite.text)
+    trace = RoundTrace(index=len(run.rounds), segment=rewrite, decision=decision, action=Action.GROUND,
+                       timings=timings, tokens_prefilled=rewrite.tokens_prefilled,
+                       tokens_reused=rewrite.tokens_reused, kept=Kept.NOTHING)
+    with _timer(timings, "decide"):
+        trace.fallback = c.checks.ground_fault(rewrite)
+    if trace.fallback:  # the original stays; the answer ends where it ended
+        n.done = original.finished
+    else:
+        run.log.keep(trace, Kept.REWRITE)
+        n.generated += len(rewrite.token_ids) - len(original.token_ids)
+        n.done = False
+    return run._end_round(trace)
+
+
+def _record_context(run: Run, trace: RoundTrace) -> None:
+    """The round's evictions, token budget, answer so far and retrieval count."""
+    if evicted := run.evicted:  # passages evicted before this segment to fit the model's context
+        trace.injection = trace.injection or Injection()
+        trace.injection.evicted = evicted + trace.injection.evicted
+    trace.budget = run.controller.context.budget()
+    trace.draft = run.controller.checks.clean(run.controller.context.draft)
+    trace.retrieval_round = run.counters.retrievals
 
 
 def _as_hit(hit: Hit | str, request: SearchRequest, i: int) -> Hit:

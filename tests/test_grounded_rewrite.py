@@ -9,9 +9,10 @@ from rigkit.context import ContextManager
 from rigkit.eval.metrics import QAItem, score_result
 from rigkit.eval.report import report_tables
 from rigkit.prompts import GROUNDING_INSTRUCTION
+from rigkit.run_state import RunState
 from rigkit.testing import AlwaysDecider, NeverDecider, ScriptedGenerator, make_segment
 from rigkit.text import strip_citations
-from rigkit.trace import Action, RIGResult, RunState, SearchRequest
+from rigkit.trace import Action, RIGResult, SearchRequest
 from rigkit.widgets.render import draft_html
 from rigkit.widgets.summary import round_header_html
 from tests.test_answer_checks import LICENCE, NOTICE, make, word_embed

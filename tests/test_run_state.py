@@ -9,8 +9,9 @@ import json
 import pytest
 
 from rigkit.errors import RigkitError, RunStateError
+from rigkit.run_state import RunState
 from rigkit.testing import ScriptedGenerator
-from rigkit.trace import RunState, SearchRequest
+from rigkit.trace import SearchRequest
 from tests.test_controller import APACHE, MIT, FireOnWord, controller
 from tests.test_controller_pause import QUESTION, SCRIPT, paused_controller, steps_until_pause
 
