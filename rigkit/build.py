@@ -83,9 +83,9 @@ def build_run(
     # one marker protocol for the system prompt, the stop rule, the passages and the decider
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
     decider_config = _with_protocol(config.decider, protocol)
-    from rigkit.generation import check_decider_support
+    from rigkit.deciders import check_decider_support
 
-    check_decider_support(decider_config, generator)
+    check_decider_support(decider_config, generator)  # what the decider's class needs of the model
     decider = build_decider(decider_config, generator)
     return _run(config, generator, retriever, decider, callbacks, uses_markers(config), serving=serving)
 
