@@ -22,7 +22,6 @@ per-token text split of a finished segment.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -39,7 +38,7 @@ from common import (
 )
 
 from rigkit.build import build_controller, build_generator, build_retriever
-from rigkit.config import DeciderConfig, load_config
+from rigkit.config import load_config
 from rigkit.controller import STAGES
 
 
@@ -107,7 +106,7 @@ def stage_costs(generator, retriever, questions: list[str], deciders: list[str])
         wall = 0.0
         for question in questions:
             config = load_config(CPU_CONFIG, controller={"policy": "continue"} if name == "always" else {})
-            config = dataclasses.replace(config, decider=DeciderConfig(name=name))  # its own defaults
+            config = config.with_decider(name)  # another decider starts from its own defaults
             result = build_controller(config, generator, retriever).run(question)
             rounds += len(result.rounds)
             for k in STAGES:

@@ -16,14 +16,13 @@ warm-up, with the stage timings every `RoundTrace` records:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
 from common import CPU_CONFIG, ForwardMeter, demo_questions, parser, save, setup
 
 from rigkit.build import build_controller, build_generator, build_retriever
-from rigkit.config import DeciderConfig, load_config
+from rigkit.config import load_config
 
 DECIDERS = ("prob", "entropy", "keyword", "every_n", "always")
 COLUMNS = ("generation", "decision", "query", "retrieval", "injection", "continuation", "other")
@@ -61,8 +60,7 @@ def main(argv=None) -> int:
             CPU_CONFIG, generator={"max_answer_tokens": answer_tokens},
             controller={"policy": "continue"} if name == "always" else {},
         )
-        # another decider's threshold would be meaningless here: start from its own defaults
-        config = dataclasses.replace(config, decider=DeciderConfig(name=name))
+        config = config.with_decider(name)  # another decider starts from its own defaults
         with ForwardMeter(generator.model) as meter:
             result = build_controller(config, generator, retriever).run(question)
         if n == 0:

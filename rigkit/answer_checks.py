@@ -1,14 +1,16 @@
-"""The checks that keep retrieval from making an answer worse, as methods of the RIG loop.
+"""The checks that keep retrieval from making an answer worse: a part the controller holds.
 
-The controller mixes these in: whether a rewrite earns its place over the segment it replaces,
+They say whether a rewrite earns its place over the segment it replaces,
 where a segment starts repeating the answer, whether a kept sentence is supported by what it
-could see (and whether its grounded rewrite is), where the answer ends, and its short answer line. They read the controller's config,
-context and generator and change nothing; the controller acts on what they say.
+could see (and whether its grounded rewrite is), where the answer ends, and its short answer
+line. They read the controller's config, context and generator and change nothing; the loop acts
+on what they say.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,23 +18,27 @@ from rigkit.config import ControllerConfig
 from rigkit.context import ContextManager
 from rigkit.generation.protocol import Generator
 from rigkit.guards import first_repeat, ngram_overlap, phrase_loop_at, whole_sentences
+from rigkit.markers import clean_answer
 from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
-from rigkit.text import content_words, split_sentences
-from rigkit.trace import Action, RoundTrace, Segment
+from rigkit.text import content_words, split_sentences, strip_citations
+from rigkit.trace import Kept, RoundTrace, Segment, kept_segment
 
-__all__ = ["AnswerChecks", "kept_segment", "segment_prefix"]
+__all__ = ["AnswerChecks", "segment_prefix"]
 
 
 class AnswerChecks:
-    """Mixed into `RIGController`: the answer-quality checks of `controller.*` settings."""
+    """The answer-quality checks of `controller.*` settings, over the controller's parts."""
 
-    config: ControllerConfig
-    context: ContextManager
-    generator: Generator
-    embed: Callable[[list[str]], Any] | None
-    _clean: Callable[[str], str]  # the controller's: the answer text of a raw draft
+    def __init__(self, config: ControllerConfig, context: ContextManager, generator: Generator,
+                 embed: Callable[[list[str]], Any] | None = None):
+        self.config, self.context, self.generator = config, context, generator
+        self.embed = embed  # texts -> unit vectors: the in-loop support check (controller.check_support)
 
-    def _rewrite_fault(self, rounds: Sequence[RoundTrace], rewrite: Segment) -> str:
+    def clean(self, text: str) -> str:
+        """The answer text: no markers, no citation tags the model wrote, single spaces."""
+        return re.sub(r"[ \t]+", " ", strip_citations(clean_answer(text, self.context.protocol))).strip()
+
+    def rewrite_fault(self, rounds: Sequence[RoundTrace], rewrite: Segment) -> str:
         """Why the rewrite of the set-aside segment does not earn its place ("" when it does).
 
         It repeats accepted text, or it mentions none of the flagged words and no passage of
@@ -42,7 +48,7 @@ class AnswerChecks:
             return ""
         if not rewrite.text.strip():
             return "the rewrite is empty"
-        accepted = split_sentences(self._clean(self.context.draft))
+        accepted = split_sentences(self.clean(self.context.draft))
         if accepted and ngram_overlap(rewrite.text, accepted) >= self.config.repeat_overlap:
             return "the rewrite repeats accepted text"
         flagged = content_words(" ".join(s.text for s in rounds[-1].decision.spans))
@@ -56,7 +62,7 @@ class AnswerChecks:
                 return ""
         return f"the rewrite drops the flagged {' '.join(sorted(flagged))!r} without a supported replacement"
 
-    def _repeat_at(self, segment: Segment) -> tuple[int, str] | None:
+    def repeat_at(self, segment: Segment) -> tuple[int, str] | None:
         """Where `segment` starts repeating the answer, and how: an earlier sentence again
         ("repeat") or a phrase going round inside its sentence ("phrase loop"); None: it does not."""
         if not self.config.repeat_guard or not segment.text.strip():
@@ -66,12 +72,12 @@ class AnswerChecks:
             (phrase_loop_at(self.context.draft, segment.text), "phrase loop")) if at is not None]
         return min(cuts) if cuts else None
 
-    def _unsupported(self, segment: Segment) -> list[str] | None:
+    def unsupported(self, segment: Segment) -> list[str] | None:
         """The sentences of `segment` no passage it could see supports (cosine below
         `support_threshold`); None where nothing is checked (check off, no passage, no sentence)."""
         if not self.config.check_support or self.embed is None or not segment.context_ids:
             return None
-        sentences = split_sentences(self._clean(segment.text))
+        sentences = split_sentences(self.clean(segment.text))
         ids = set(segment.context_ids)
         passages = [h for h in self.context.seen_passages if h.chunk_id in ids]
         if not sentences or not passages:
@@ -80,34 +86,34 @@ class AnswerChecks:
         sims = vectors[: len(sentences)] @ vectors[len(sentences):].T
         return [s for s, row in zip(sentences, sims) if float(row.max()) < self.config.support_threshold]
 
-    def _ground_fault(self, rewrite: Segment) -> str:
+    def ground_fault(self, rewrite: Segment) -> str:
         """Why a grounded rewrite does not replace the last kept segment ("" when it does): it is
         empty, repeats the answer before that segment, or is not supported by its passages either."""
-        if not self._clean(rewrite.text):
+        if not self.clean(rewrite.text):
             return "the grounded rewrite is empty"
         before = self.context.draft_parts()[:-1]  # the original is the last part (`grounding_pieces`)
-        accepted = split_sentences(self._clean("".join(text for text, _ in before)))
+        accepted = split_sentences(self.clean("".join(text for text, _ in before)))
         if accepted and ngram_overlap(rewrite.text, accepted) >= self.config.repeat_overlap:
             return "the grounded rewrite repeats accepted text"
-        unsupported = self._unsupported(rewrite)
+        unsupported = self.unsupported(rewrite)
         if unsupported:
             return f"the grounded rewrite is not supported either: {' '.join(unsupported)!r}"
         return "" if unsupported is not None else "the grounded rewrite could not be checked"
 
-    def _check_support(self, rounds: Sequence[RoundTrace]) -> None:
+    def check_support(self, rounds: Sequence[RoundTrace]) -> None:
         """`controller.check_support`: the kept segment's sentences against the passages it saw."""
-        kept = kept_segment(rounds)
-        if kept is not None and rounds[-1].action is not Action.GROUND:  # a rewrite is checked as it is made
-            rounds[-1].unsupported = self._unsupported(kept) or []
+        # a grounded rewrite is checked as it is made; a repeat cut ends the answer
+        if rounds[-1].kept in (Kept.SEGMENT, Kept.SET_ASIDE) and (kept := kept_segment(rounds)) is not None:
+            rounds[-1].unsupported = self.unsupported(kept) or []
 
-    def _ending(self, answer: str) -> tuple[str, str]:
+    def ending(self, answer: str) -> tuple[str, str]:
         """`controller.end_on_sentence`: (the answer up to its last whole sentence, the cut text)."""
         whole = whole_sentences(answer) if self.config.end_on_sentence else answer
         if not whole.strip() or whole == answer:
             return answer, ""
         return whole, answer[len(whole):].strip()
 
-    def _short_answer(self, question: str, answer: str) -> str:
+    def short_answer(self, question: str, answer: str) -> str:
         """`controller.short_answer`: extracted from the answer, or asked of the model."""
         mode = self.config.short_answer
         if mode == "none" or not answer.strip():
@@ -117,18 +123,6 @@ class AnswerChecks:
             if short:
                 return short
         return extract_answer(answer, question)
-
-
-def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
-    """The segment the last of `rounds` added to the answer (None: it added none)."""
-    last = rounds[-1]
-    if last.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
-        return last.segment
-    if last.action is Action.GROUND:  # the rewrite replaced the previous one, or was dropped
-        return None if last.fallback else last.segment
-    if last.action in (Action.RESTORE, Action.FALLBACK) and len(rounds) > 1:
-        return rounds[-2].segment
-    return None
 
 
 def segment_prefix(segment: Segment, cut: int) -> Segment | None:

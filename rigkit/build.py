@@ -1,8 +1,8 @@
 """Turn a config into the parts of a run: the one module that does.
 
 `build_run(config)` builds the generator, retriever, decider, query builder, context manager and
-the controller over them, and hands them back together as a `Run`; `build_controller(config)` is
-that run's controller. The commands, the server, evaluation, trigger and marker training and the
+the controller over them, and hands them back together as `Parts`; `build_controller(config)` is
+their controller. The commands, the server, evaluation, trigger and marker training and the
 widgets ask here for what they need: one part alone (`build_generator`, `build_retriever`,
 `build_decider`) or a controller over parts they made themselves (`assemble`). Each part comes
 from its package's explicit registry (`rigkit.generation`, `rigkit.retrieval.RETRIEVERS`,
@@ -15,7 +15,7 @@ an evaluation compares (closed book, plain RAG, RIG) are defined in `rigkit.eval
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,8 @@ from rigkit.queries import QueryBuilder
 from rigkit.retrieval.base import Retriever
 
 __all__ = [
-    "Run",
+    "Parts",
+    "Serving",
     "build_run",
     "build_controller",
     "build_generator",
@@ -45,8 +46,8 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Run:
-    """Every part of one run, built from one config; `controller` runs the loop over the others."""
+class Parts:
+    """Every part built from one config; `controller` runs the loop over the others."""
 
     config: RunConfig
     generator: Generator
@@ -57,13 +58,24 @@ class Run:
     controller: RIGController
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a served request adds to the parts built from the config (`rigkit.serve`)."""
+
+    queries: Callable[[QueryBuilder], QueryBuilder] | None = None  # wraps the query builder
+    tools_prompt: Callable[[MarkerProtocol], str] | None = None  # the client's tools, in the run's marker tags
+    check_stop: Callable[[], None] | None = None  # raises once the client has gone (before a summary call)
+
+
 def build_run(
     config: RunConfig | None = None,
     generator: Generator | None = None,
     retriever: Retriever | None = None,
     callbacks: Sequence[Any] = (),
-) -> Run:
-    """Every part built from `config`; pass a loaded generator or retriever to share it across runs."""
+    serving: Serving | None = None,
+) -> Parts:
+    """Every part built from `config`; pass a loaded generator or retriever to share it across
+    runs (a retriever reranked already, through any wrapper, is not reranked again)."""
     config = config or RunConfig()
     generator = generator if generator is not None else build_generator(config.generator)
     retriever = (build_retriever(config.retrieval, generator) if retriever is None
@@ -71,11 +83,11 @@ def build_run(
     # one marker protocol for the system prompt, the stop rule, the passages and the decider
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
     decider_config = _with_protocol(config.decider, protocol)
-    from rigkit.generation import check_decider_support
+    from rigkit.deciders import check_decider_support
 
-    check_decider_support(decider_config, generator)
+    check_decider_support(decider_config, generator)  # what the decider's class needs of the model
     decider = build_decider(decider_config, generator)
-    return _run(config, generator, retriever, decider, callbacks, uses_markers(config))
+    return _run(config, generator, retriever, decider, callbacks, uses_markers(config), serving=serving)
 
 
 def build_controller(
@@ -83,9 +95,10 @@ def build_controller(
     generator: Generator | None = None,
     retriever: Retriever | None = None,
     callbacks: Sequence[Any] = (),
+    serving: Serving | None = None,
 ) -> RIGController:
-    """The controller of `build_run(config, generator, retriever, callbacks)`."""
-    return build_run(config, generator, retriever, callbacks).controller
+    """The controller of `build_run(config, generator, retriever, callbacks, serving)`."""
+    return build_run(config, generator, retriever, callbacks, serving).controller
 
 
 def build_generator(config: GeneratorConfig | None = None) -> Generator:
@@ -145,12 +158,15 @@ def with_filters(retriever: Retriever, config: RetrievalConfig) -> Retriever:
 def with_reranker(retriever: Retriever, config: RetrievalConfig, generator: Generator | None = None) -> Retriever:
     """`retriever` behind the reranker `config.rerank` names (unchanged for "none" or when it is
     reranked already): `rerank_candidates` hits in, near-duplicates out, `top_k` kept."""
+    from rigkit.retrieval.base import layers
     from rigkit.retrieval.rerank import RerankedRetriever, embedder_of, reranker_from_config
     from rigkit.retrieval.sources import SourcesRetriever
 
-    reranker = reranker_from_config(config, generator)
-    if reranker is None or isinstance(retriever, (RerankedRetriever, SourcesRetriever)):
+    if (config.rerank or "none").strip() == "none" or any(
+            isinstance(layer, (RerankedRetriever, SourcesRetriever)) for layer in layers(retriever)):
         return retriever  # a router's sources are reranked each
+    reranker = reranker_from_config(config, generator)
+    assert reranker is not None
     return RerankedRetriever(retriever, reranker, config.rerank_candidates, embedder_of(retriever))
 
 
@@ -194,12 +210,19 @@ def _run(
     callbacks: Sequence[Any],
     markers: bool,
     query_builder: QueryBuilder | None = None,
-) -> Run:
+    serving: Serving | None = None,
+) -> Parts:
+    serving = serving or Serving()
     query_builder = query_builder or build_queries(config.query, generator)
+    if serving.queries is not None:
+        query_builder = serving.queries(query_builder)
+    protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
     context = ContextManager(
         config.context, generator.count_tokens, generator.render_chat,
-        context_limit=generator.context_limit, use_markers=markers,
-        compressor=_compressor(config, generator, retriever), summarizer=_summarizer(config, generator),
+        context_limit=generator.context_limit, use_markers=markers, protocol=protocol,
+        compressor=_compressor(config, generator, retriever),
+        summarizer=_summarizer(config, generator, serving.check_stop),
+        tools_prompt=serving.tools_prompt(protocol) if serving.tools_prompt is not None else "",
     )
     controller = RIGController(
         generator, retriever, decider, query_builder, context,
@@ -207,7 +230,7 @@ def _run(
         callbacks=callbacks, citations=config.context.citations, run_config=config.to_dict(),
         embed=_support_embed(config, retriever), query_config=config.query,
     )
-    return Run(config, generator, retriever, decider, query_builder, context, controller)
+    return Parts(config, generator, retriever, decider, query_builder, context, controller)
 
 
 def _compressor(config: RunConfig, generator: Generator, retriever: Retriever):
@@ -240,13 +263,13 @@ def _default_embed(texts: list[str]):
     return embed_texts(load_embedder(), texts)
 
 
-def _summarizer(config: RunConfig, generator: Generator):
+def _summarizer(config: RunConfig, generator: Generator, check_stop: Callable[[], None] | None = None):
     """`context.summarize_history`: the generator summarises turns beyond max_history_tokens."""
     from rigkit.compression import HistorySummarizer
 
     if not config.context.summarize_history:
         return None
-    return HistorySummarizer(generator, input_tokens=config.context.summary_input_tokens)
+    return HistorySummarizer(generator, input_tokens=config.context.summary_input_tokens, check_stop=check_stop)
 
 
 def _with_protocol(config: DeciderConfig, protocol: MarkerProtocol) -> DeciderConfig:

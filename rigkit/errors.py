@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "RigkitError",
     "InputError",
+    "RunStateError",
     "CorpusError",
     "IndexMismatchError",
     "ModelNotFoundError",
@@ -19,6 +20,11 @@ class RigkitError(Exception):
 
 class InputError(RigkitError, ValueError):
     """A question, option or request that cannot be used (empty question, unknown decider...)."""
+
+
+class RunStateError(InputError):
+    """A saved run that cannot be restored: malformed, tampered with, or saved by another controller
+    or for another question."""
 
 
 class CorpusError(RigkitError, ValueError):

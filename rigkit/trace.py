@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 __all__ = [
     "TRACE_VERSION",
     "Action",
+    "Kept",
     "Segment",
     "Span",
     "Decision",
@@ -34,16 +36,20 @@ __all__ = [
     "RemovedCitation",
     "RIGResult",
     "SearchRequest",
-    "ContextOp",
-    "RunState",
     "round_from_dict",
+    "derived_kept",
+    "kept_order",
+    "kept_segments",
+    "kept_segment",
+    "answer_end",
 ]
 
 # 2: segments record the passages they could see; results record per-sentence attributions.
 # 3: rounds record fallbacks, loop-guard hits and unsupported sentences; results record the short
 #    answer, a trimmed unfinished ending and the draft before the first retrieval.
 # 4: a round may be a grounded rewrite (action ground); run states log a segment's replacement.
-TRACE_VERSION = 4
+# 5: rounds record what they kept in the answer (`kept`); older rounds derive it from their action.
+TRACE_VERSION = 5
 
 
 class Action(str, Enum):
@@ -69,6 +75,34 @@ class Action(str, Enum):
     # print and format as the word itself ("accept"), as a plain string would
     __str__ = str.__str__
     __format__ = str.__format__
+
+
+class Kept(str, Enum):
+    """What a round left in the answer, recorded by the loop where it decides it.
+
+    The one rule for "which segments make up the answer" is `kept_order`, read from these.
+    """
+
+    NOTHING = ""  # set aside to be written again, a dropped rewrite, a repeat cut at its start
+    SEGMENT = "segment"  # its own segment, whole
+    PREFIX = "prefix"  # the start of its own segment, up to where it repeated the answer; the answer ends
+    SET_ASIDE = "set_aside"  # the previous round's set-aside segment, put back (its own rewrite is dropped)
+    REWRITE = "rewrite"  # its own segment, in place of the last kept one (a kept grounded rewrite)
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+def derived_kept(action: Action | str, fallback: str = "") -> Kept:
+    """What a round recorded before trace version 5 kept, read from its action (once, on load)."""
+    action = Action(action)
+    if action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
+        return Kept.SEGMENT
+    if action in (Action.RESTORE, Action.FALLBACK):
+        return Kept.SET_ASIDE
+    if action is Action.GROUND:
+        return Kept.NOTHING if fallback else Kept.REWRITE
+    return Kept.NOTHING  # regenerate; a repeat's kept start was not recorded
 
 
 @dataclass
@@ -269,6 +303,12 @@ class RoundTrace:
     guards: list[str] = field(default_factory=list)  # loop guards that fired: "<guard>: <detail>"
     # sentences of the kept segment no passage it could see supports (cosine < the threshold)
     unsupported: list[str] = field(default_factory=list)
+    # what this round left in the answer (see `Kept`); None: not recorded, derived from `action`
+    kept: Kept | None = None
+
+    def __post_init__(self) -> None:
+        self.action = Action(self.action)
+        self.kept = derived_kept(self.action, self.fallback) if self.kept is None else Kept(self.kept)
 
 
 @dataclass
@@ -382,58 +422,6 @@ class SearchRequest:
     draft: str = ""
 
 
-@dataclass
-class ContextOp:
-    """One change a run made to its context: `fit` (room for `reserve` tokens), `accept` a segment,
-    `inject` hits, `replace` the last accepted segment with `segment` (a grounded rewrite). A saved
-    run's context is rebuilt by doing them again, in order."""
-
-    op: str
-    reserve: int = 0
-    segment: Segment | None = None
-    hits: list[Hit] = field(default_factory=list)
-
-
-@dataclass
-class RunState:
-    """A run in progress, paused at a search or between rounds: saved as JSON, restored by
-    `RIGController.restore` over the same parts (the log rebuilds the context; no model call)."""
-
-    question: str
-    passages: list[Hit] = field(default_factory=list)  # given before the question (plain RAG)
-    history: list[list[str]] = field(default_factory=list)  # earlier (question, answer) turns
-    rounds: list[RoundTrace] = field(default_factory=list)
-    request: SearchRequest | None = None  # the search it waits on
-    waiting: RoundTrace | None = None  # the round that asked for it, finished once the hits come
-    counters: dict[str, Any] = field(default_factory=dict)  # retrievals, generated, ... (the loop's)
-    pending: Segment | None = None  # a segment set aside to be written again
-    evicted: list[str] = field(default_factory=list)
-    log: list[ContextOp] = field(default_factory=list)
-    version: int = TRACE_VERSION
-
-    def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, indent=indent)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunState:
-        if data.get("version", TRACE_VERSION) > TRACE_VERSION:
-            raise ValueError(f"run state version {data['version']} is newer than this rigkit ({TRACE_VERSION})")
-        data = dict(data)
-        data["passages"] = [Hit(**h) for h in data.get("passages", [])]
-        data["rounds"] = [round_from_dict(r) for r in data.get("rounds", [])]
-        if data.get("request"):
-            data["request"] = SearchRequest(**{**data["request"], "query": Query(**data["request"]["query"])})
-        data["waiting"] = round_from_dict(data["waiting"]) if data.get("waiting") else None
-        data["pending"] = Segment(**data["pending"]) if data.get("pending") else None
-        data["log"] = [ContextOp(op["op"], op.get("reserve", 0), Segment(**op["segment"]) if op.get("segment") else None,
-                                 [Hit(**h) for h in op.get("hits", [])]) for op in data.get("log", [])]
-        return cls(**data)
-
-    @classmethod
-    def from_json(cls, text: str) -> RunState:
-        return cls.from_dict(json.loads(text))
-
-
 def round_from_dict(data: dict[str, Any]) -> RoundTrace:
     """A `RoundTrace` from its JSON form (`dataclasses.asdict`)."""
     data = dict(data)
@@ -447,3 +435,40 @@ def round_from_dict(data: dict[str, Any]) -> RoundTrace:
     data["budget"] = TokenBudget(**data.get("budget", {}))
     data["action"] = Action(data.get("action", Action.ACCEPT))
     return RoundTrace(**data)
+
+
+def kept_order(kept: Sequence[Kept | str]) -> list[int]:
+    """The rounds whose segments make up the answer, in order, from what each round kept.
+
+    The one rule for it: widgets, metrics, the decision tables and the loop itself read it here.
+    """
+    order: list[int] = []
+    for i, word in enumerate(kept):
+        if word in (Kept.SEGMENT, Kept.PREFIX):
+            order.append(i)
+        elif word == Kept.SET_ASIDE and i > 0:
+            order.append(i - 1)
+        elif word == Kept.REWRITE:
+            order[-1:] = [i]
+    return order
+
+
+def kept_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
+    """The segments the answer kept so far, in order (a prefix kept as its whole segment)."""
+    return [rounds[i].segment for i in kept_order([r.kept or Kept.NOTHING for r in rounds])]
+
+
+def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
+    """The segment the last of `rounds` added to the answer (None: it added none)."""
+    if not rounds or not rounds[-1].kept:
+        return None
+    return kept_segments(rounds)[-1]
+
+
+def answer_end(rounds: Sequence[RoundTrace]) -> tuple[Segment, bool] | None:
+    """The last kept segment that holds text, and whether it was cut at a repeat; None: there is none."""
+    order = [i for i in kept_order([r.kept or Kept.NOTHING for r in rounds]) if rounds[i].segment.text.strip()]
+    if not order:
+        return None
+    last = rounds[order[-1]]
+    return last.segment, last.kept is Kept.PREFIX

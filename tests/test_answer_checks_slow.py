@@ -14,8 +14,9 @@ from rigkit.build import build_controller
 from rigkit.config import load_config
 from rigkit.guards import repeated_sentence, whole_sentences
 from rigkit.prompts import GROUNDING_INSTRUCTION
+from rigkit.run_state import RunState
 from rigkit.text import split_sentences, strip_citations
-from rigkit.trace import Action, RIGResult, RunState, SearchRequest
+from rigkit.trace import Action, RIGResult, SearchRequest
 
 pytestmark = pytest.mark.slow
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -24,12 +25,12 @@ BENCH = ROOT / "bench"
 # docs/architecture.md, bottom row first. Arrows inside a row are allowed when they close no
 # circle across folders (e.g. readers -> corpus, grounding -> citations, queries -> deciders).
 TIERS = (
-    ("trace", "config", "text", "transcript", "prompts", "markers", "datasets", "files", "errors"),
+    ("trace", "run_state", "checked", "config", "text", "transcript", "prompts", "markers", "datasets", "files", "errors"),
     ("http", "readers", "corpus", "embeddings", "citations", "grounding", "compression", "guards",
      "short_answer"),
     ("generation",),
-    ("deciders", "queries", "context", "retrieval"),
-    ("controller", "callbacks", "answer_checks"),
+    ("deciders", "queries", "context", "context_log", "retrieval"),
+    ("controller", "run", "callbacks", "answer_checks"),
     ("build", "streaming"),
     ("eval",),
     ("serve", "widgets", "trigger", "finetune"),
@@ -37,7 +38,7 @@ TIERS = (
 )
 TEST_KIT = ("testing",)  # scripted parts for tests: reads the parts' row and below, imported by tests only
 UPPER = tuple(m for row in TIERS[TIERS.index(("build", "streaming")) + 1 :] for m in row)
-CORE = tuple(m for row in TIERS[: TIERS.index(("controller", "callbacks", "answer_checks")) + 1] for m in row)
+CORE = tuple(m for row in TIERS[: TIERS.index(("controller", "run", "callbacks", "answer_checks")) + 1] for m in row)
 BENCH_TIER = len(TIERS) - 2  # the benchmarks drive the library, not the commands
 # Circles inside one folder that are still there (the modules of each); a new one fails the test,
 # and so does one of these once it is gone, so the list stays true.
@@ -129,9 +130,16 @@ def private_names_taken(path: Path, name: str | None = None) -> list[str]:
 
 
 def factories_called(path: Path) -> list[str]:
-    """The config-to-part factories `path` imports, calls or reads off a module."""
-    found = set()
-    for node in ast.walk(_tree(path)):
+    """The config-to-part factories `path` imports, calls or reads off a module (naming one as a
+    type, in an annotation or an import under `if TYPE_CHECKING`, builds nothing)."""
+    found, tree = set(), _tree(path)
+    typed = [n for n in ast.walk(tree) if isinstance(n, ast.If) and _type_checking(n)]
+    typed += [n.annotation for n in ast.walk(tree) if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation]
+    typed += [n.returns for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns]
+    skip = {id(n) for part in typed for n in ast.walk(part)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom):
             found.update(alias.name for alias in node.names if alias.name in FACTORIES)
         elif isinstance(node, ast.Attribute) and node.attr in FACTORIES:
@@ -139,6 +147,21 @@ def factories_called(path: Path) -> list[str]:
         elif isinstance(node, ast.Name) and node.id in FACTORIES:
             found.add(node.id)
     return sorted(found)
+
+
+def deciders_reset_by_hand(tree: ast.AST) -> list[int]:
+    """Lines that give a config another decider by hand (`replace(config, decider=...)`) instead of
+    `RunConfig.with_decider`, where the rule for what carries over lives."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "replace"
+            and any(k.arg == "decider" for k in node.keywords)]
+
+
+def notebook_code(path: Path) -> str:
+    """A notebook's code cells as one module (IPython's `%` and `!` lines left out)."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
 
 
 def _private(name: str) -> bool:
@@ -158,12 +181,68 @@ def top(name: str) -> str:
 def tier(name: str) -> int | None:
     """The row of a module's top-level name; the package root (lazy exports only) is below all."""
     if top(name) in TEST_KIT:
-        return TIERS.index(("deciders", "queries", "context", "retrieval"))
+        return TIERS.index(("deciders", "queries", "context", "context_log", "retrieval"))
     return next((i for i, row in enumerate(TIERS) if top(name) in row), None)
 
 
 def modules_of(package: Path) -> list[Path]:
     return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+# "Which segments make up the answer" is read from what each round recorded it kept
+# (rigkit.trace.kept_order); the loop that decides it sets the actions. Anywhere else, a test of
+# a round's action against several actions, or against restore / fallback, is a second rule.
+KEPT_RULE_HOMES = ("rigkit.trace", "rigkit.controller")
+_ACTION_WORDS = {"accept", "continue", "regenerate", "skip", "restore", "fallback", "repeat", "ground"}
+_PUT_BACK = {"restore", "fallback"}
+
+
+def _action_word(node: ast.AST) -> str | None:
+    """`Action.RESTORE` or the plain word "restore": the action it names."""
+    if isinstance(node, ast.Attribute) and node.attr.lower() in _ACTION_WORDS:
+        return node.attr.lower()
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in _ACTION_WORDS:
+        return node.value
+    return None
+
+
+def _reads_action(node: ast.AST) -> bool:
+    """`r.action`, `r["action"]`, `r.get("action")`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "action"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "action"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "action")
+
+
+def kept_rules(package: Path = PACKAGE) -> list[str]:
+    """`module:line` for each test of a round's action that decides which segments were kept."""
+    found = []
+    for path in modules_of(package):
+        name = module_name(path, package)
+        if name in KEPT_RULE_HOMES:
+            continue
+        tree = _tree(path)
+        named = {}  # module-level names bound to a collection of actions, e.g. KEPT = ("accept", ...)
+        for node in tree.body if isinstance(tree, ast.Module) else ():
+            if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.Set, ast.List)):
+                words = {w for e in node.value.elts if (w := _action_word(e))}
+                named.update({t.id: words for t in node.targets if isinstance(t, ast.Name) and words})
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare) or not any(map(_reads_action, [node.left, *node.comparators])):
+                continue
+            words: set[str] = set()
+            for side in [node.left, *node.comparators]:
+                if isinstance(side, (ast.Tuple, ast.Set, ast.List)):
+                    words |= {w for e in side.elts if (w := _action_word(e))} | ({"several"} if len(side.elts) > 1 else set())
+                elif isinstance(side, ast.Name) and side.id in named:
+                    words |= named[side.id] | {"several"}
+                elif (word := _action_word(side)) is not None:
+                    words.add(word)
+            if words & _PUT_BACK or ("several" in words and len(words) > 2):
+                found.append(f"{name}:{node.lineno}")
+    return found
 
 
 def upward_imports(package: Path = PACKAGE) -> list[str]:
@@ -345,6 +424,39 @@ def test_only_build_turns_a_config_into_parts(path):
                        "build_retriever, build_decider, assemble) instead")
 
 
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", [*sorted(BENCH.glob("*.py")), *NOTEBOOKS], ids=lambda p: p.name)
+def test_bench_and_notebooks_build_through_build_and_reset_deciders_with_with_decider(path):
+    text = notebook_code(path) if path.suffix == ".ipynb" else path.read_text(encoding="utf-8")
+    found, reset = built_by_hand(_parse(path, text))
+    assert not found, f"{path.name} uses {found}: build parts through rigkit.build"
+    assert not reset, f"{path.name}: another decider by hand (line {reset[0]}); use config.with_decider(name)"
+
+
+def built_by_hand(tree: ast.AST) -> tuple[list[str], list[int]]:
+    """The config-to-part factories a script or notebook names, and where it resets a decider by hand."""
+    found = {f for n in ast.walk(tree) for f in FACTORIES
+             if isinstance(n, ast.Name) and n.id == f or isinstance(n, ast.Attribute) and n.attr == f
+             or isinstance(n, ast.ImportFrom) and any(a.name == f for a in n.names)}
+    return sorted(found), deciders_reset_by_hand(tree)
+
+
+def test_a_planted_decider_reset_or_factory_in_bench_fails_the_check():
+    planted = "import dataclasses\nfrom rigkit.generation import load_generator\n" \
+              "config = dataclasses.replace(config, decider=DeciderConfig(name='prob'))\n"
+    found, reset = built_by_hand(ast.parse(planted))
+    assert found == ["load_generator"] and reset == [3]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_the_package_resets_deciders_with_with_decider(path):
+    if module_name(path) == "rigkit.config":
+        return
+    assert not deciders_reset_by_hand(_tree(path)), f"{module_name(path)}: use config.with_decider(name)"
+
+
 # -- the checks catch what they are for: violations planted in a copy of the package ------------
 @pytest.fixture(scope="module")
 def copied(tmp_path_factory) -> Path:
@@ -405,6 +517,30 @@ def test_a_type_checking_import_closes_no_circle(copied):
         target.write_text(before, encoding="utf-8")
 
 
+def test_the_kept_segments_are_read_in_one_place():
+    assert kept_rules() == [], "read rigkit.trace.kept_order / kept_segments instead of the rounds' actions"
+
+
+@pytest.mark.parametrize("line", [
+    "from rigkit.trace import Action\n"
+    "def kept(rounds):\n"
+    "    return [r.segment for r in rounds if r.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP)]",
+    "KEPT = ('accept', 'continue', 'skip')\n"
+    "def kept(rows):\n"
+    "    return [r['text'] for r in rows if r.get('action') in KEPT]",
+    "def put_back(rounds, i):\n"
+    "    return rounds[i].action == 'restore'",
+])
+def test_a_planted_second_kept_segment_rule_fails_the_check(copied, line):
+    target = copied / "rigkit" / "eval" / "metrics.py"
+    before = target.read_text(encoding="utf-8")
+    _plant(target, line)
+    try:
+        assert [w for w in kept_rules(copied / "rigkit") if w.startswith("rigkit.eval.metrics:")]
+    finally:
+        target.write_text(before, encoding="utf-8")
+
+
 def test_a_planted_bench_import_of_the_commands_fails_the_check(copied):
     bench = copied / "bench"
     assert bench_imports(bench) == []
@@ -430,10 +566,10 @@ def test_the_checker_sees_private_names_and_factories(tmp_path):
         "import rigkit.controller as controller\n"
         "def f():\n"
         "    from rigkit.generation import generator_from_config\n"
-        "    return build._with_protocol, controller._accepted_segments, generator_from_config\n"
+        "    return build._with_protocol, controller._private_rule, generator_from_config\n"
     )
     assert private_names_taken(sample, "rigkit.serve.probe") == [
-        "rigkit.build._with_protocol", "rigkit.controller._accepted_segments",
+        "rigkit.build._with_protocol", "rigkit.controller._private_rule",
         "rigkit.markers.parsing._grammar",
     ]
     assert factories_called(sample) == ["generator_from_config"]

@@ -25,8 +25,8 @@ SHARED_MEANINGS = {
     "--features": "the trigger classifier's feature sets", "--classifier": "logreg | mlp",
     "--rule": "the trigger labelling rule", "--deciders": "decider baselines to score",
     "--bootstrap": "bootstrap resamples", "--fresh": "start over instead of resuming",
-    "--end-effect": "also answer questions end to end", "--corpus": "the corpus (attach: the one its "
-    "faiss index was built from)", "--model": "the model that generates (markers eval: the tuned one)",
+    "--end-effect": "also answer questions end to end", "--corpus": "the corpus",
+    "--model": "the model that generates",
     "--tool-result-tokens": "cap on each tool result shown to the model",
     "--systems": "the systems an evaluation compares", "--concurrency": "questions answered at once",
     "--index": "a saved index (ask, serve, mcp: NAME=PATH, repeatable, for several sources)",
@@ -246,3 +246,24 @@ def test_ask_mode_is_not_ask_model(capsys):
     with pytest.raises(SystemExit) as done:
         main(["ask", "Who wrote it?", "--mode", "bm25"])
     assert done.value.code == 2 and "unrecognized arguments: --mode bm25" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("old, new, dest", [
+    (["ladder", "--qa", "q", "--out", "o", "--model", "a", "--model", "b"],
+     ["ladder", "--qa", "q", "--out", "o", "--rung", "a", "--rung", "b"], "models"),
+    (["markers", "eval", "--qa", "q", "--model", "m+markers"], ["markers", "eval", "--qa", "q", "--tuned-model", "m+markers"],
+     "model"),
+    (["index", "attach", "--faiss", "f", "--corpus", "c", "--encoder", "e", "--out", "o"],
+     ["index", "attach", "--faiss", "f", "--faiss-corpus", "c", "--encoder", "e", "--out", "o"], "faiss_corpus"),
+])
+def test_the_renamed_flags_keep_their_old_spelling_for_a_release_with_a_warning(old, new, dest, capsys):
+    parser = build_parser()
+    assert getattr(parser.parse_args(old), dest) == getattr(parser.parse_args(new), dest)
+    err = capsys.readouterr().err
+    assert err.count("is deprecated") == sum(f in ("--model", "--corpus") for f in old)  # once per use
+    assert f"use {new[old.index(next(f for f in old if f in ('--model', '--corpus')))]}" in err
+
+
+def test_ladder_index_is_the_tables_index():
+    action = next(a for name, p in COMMANDS if name == "rigkit ladder" for a in p._actions if "--index" in a.option_strings)
+    assert action.config_key == "retrieval.index"

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from rigkit.errors import InputError
+from rigkit.run_state import RunState
 from rigkit.testing import AlwaysDecider, DictRetriever, NeverDecider, ScriptedGenerator
-from rigkit.trace import RIGResult, RoundTrace, RunState, SearchRequest
+from rigkit.trace import RIGResult, RoundTrace, SearchRequest
 from tests.test_controller import APACHE, MIT, FireOnWord, controller
 
 SCRIPT = ["Apache needs XYZ.", "Apache needs the NOTICE file.", " MIT needs XYZ too.", " It keeps the notice."]

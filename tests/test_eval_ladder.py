@@ -94,7 +94,7 @@ def test_ladder_runs_each_rung_into_its_folder_and_tables_them(tmp_path, capsys)
 
 
 def test_ladder_cli_checks_specs_before_loading_a_model(tmp_path, capsys):
-    code = main(["ladder", "--qa", str(_qa(tmp_path)), "--model", "a", "--model", "model=b,label=a",
+    code = main(["ladder", "--qa", str(_qa(tmp_path)), "--rung", "a", "--rung", "model=b,label=a",
                  "--out", str(tmp_path / "x")])
     assert code != 0 and "share a label" in capsys.readouterr().err
 

@@ -9,9 +9,10 @@ from rigkit.context import ContextManager
 from rigkit.eval.metrics import QAItem, score_result
 from rigkit.eval.report import report_tables
 from rigkit.prompts import GROUNDING_INSTRUCTION
+from rigkit.run_state import RunState
 from rigkit.testing import AlwaysDecider, NeverDecider, ScriptedGenerator, make_segment
 from rigkit.text import strip_citations
-from rigkit.trace import Action, RIGResult, RunState, SearchRequest
+from rigkit.trace import Action, RIGResult, SearchRequest
 from rigkit.widgets.render import draft_html
 from rigkit.widgets.summary import round_header_html
 from tests.test_answer_checks import LICENCE, NOTICE, make, word_embed
@@ -138,7 +139,7 @@ def test_the_ground_round_survives_the_json_round_trip_and_a_saved_run_goes_on_a
             if isinstance(run.step(), SearchRequest):
                 run.search(controller.retriever)
         saved = RunState.from_json(run.state().to_json())
-        assert saved.counters["ground"] is (pause == 3)
+        assert saved.counters.ground is (pause == 3)
         _, fresh = grounded((OPENING + [SUPPORTED, END])[pause:])
         resumed = fresh.restore(saved)
         while (step := resumed.step()) is not None:

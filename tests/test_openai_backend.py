@@ -229,8 +229,9 @@ def test_one_instance_serves_several_threads():
 
 def test_attention_deciders_refuse_a_served_model_at_build_time():
     from rigkit.config import DeciderConfig
+    from rigkit.deciders import check_decider_support
     from rigkit.errors import InputError
-    from rigkit.generation import SupportsAttention, SupportsHiddenStates, check_decider_support
+    from rigkit.generation import SupportsAttention, SupportsHiddenStates
 
     generator = _generator(Server())
     assert not isinstance(generator, SupportsAttention) and not isinstance(generator, SupportsHiddenStates)
@@ -459,3 +460,25 @@ def test_evaluation_runs_over_a_served_model_sample_with_their_own_seeds():
     per_answer = len(by_run) // 3
     run0, run1, run0_again = (by_run[i * per_answer:(i + 1) * per_answer] for i in range(3))
     assert run0 == run0_again and run0 != run1
+
+
+def test_what_a_decider_needs_is_read_off_its_class(monkeypatch):
+    """A decider of your own declares its needs on the class; nothing lists decider names."""
+    from rigkit.config import DeciderConfig
+    from rigkit.deciders import DECIDERS, EntropyDecider, ProbabilityDecider, check_decider_support, decider_needs
+    from rigkit.errors import InputError
+    from rigkit.generation.protocol import ATTENTION, EXTRA_PASSES, LOGPROBS
+    from rigkit.testing import NeverDecider
+
+    assert decider_needs(ProbabilityDecider) == {LOGPROBS}
+    assert decider_needs(EntropyDecider) == {LOGPROBS, ATTENTION, EXTRA_PASSES}
+    assert decider_needs(EntropyDecider, {"use_attention": False}) == {LOGPROBS}
+    assert decider_needs(DECIDERS["marker"]) == frozenset()
+
+    class LooksAtAttention(NeverDecider):
+        name = "mine"
+        needs = frozenset({ATTENTION})
+
+    monkeypatch.setitem(DECIDERS._entries, "mine", LooksAtAttention)
+    with pytest.raises(InputError, match=r"decider 'mine' needs the model's attention weights"):
+        check_decider_support(DeciderConfig(name="mine"), _generator(Server()))

@@ -328,7 +328,7 @@ def flashrag_pair(tmp_path_factory):
 @pytest.mark.slow
 def test_rigkits_hits_are_flashrags_over_an_attached_index(flashrag_pair, tmp_path, cli):
     index, corpus, model, theirs = flashrag_pair
-    run = cli("index", "attach", "--faiss", str(index), "--corpus", str(corpus), "--encoder", model,
+    run = cli("index", "attach", "--faiss", str(index), "--faiss-corpus", str(corpus), "--encoder", model,
               "--query-prefix", "query: ", "--passage-prefix", "passage: ", "--out", str(tmp_path / "wiki18"))
     assert run.returncode == 0, run.stderr
     assert "12 passages" in run.stdout and "pooling mean" in run.stdout
@@ -413,7 +413,7 @@ def test_a_corpus_in_another_order_than_the_vectors_is_refused_unless_forced(fla
     index, corpus, model, _ = flashrag_pair
     reordered = tmp_path / "reordered.jsonl"
     reordered.write_text("".join(reversed(corpus.read_text().splitlines(keepends=True))))
-    args = ["index", "attach", "--faiss", str(index), "--corpus", str(reordered), "--encoder", model,
+    args = ["index", "attach", "--faiss", str(index), "--faiss-corpus", str(reordered), "--encoder", model,
             "--query-prefix", "query: ", "--passage-prefix", "passage: ", "--out", str(tmp_path / "wrong")]
     run = cli(*args)
     assert run.returncode == 2 and "in another order than the index" in run.stderr, run.stderr

@@ -21,16 +21,16 @@ Re-running the same command resumes; `rigkit report DIR` rebuilds the report."""
 LADDER_EXAMPLE = """example (the default model, and the same with the shipped marker adapter):
   rigkit ladder --qa data/2wikimultihopqa/qa.jsonl --split test --config configs/cpu.yaml \\
       --set retrieval.corpus=data/2wikimultihopqa/corpus.jsonl --systems rag,rig:prob \\
-      --model smollm2-135m-instruct --model smollm2-135m-instruct+markers --out runs/ladder-2wiki
+      --rung smollm2-135m-instruct --rung smollm2-135m-instruct+markers --out runs/ladder-2wiki
 
-a served model is one spec: --model model=qwen3:0.6b,backend=ollama,size=0.6 (Ollama), or
+a served model is one spec: --rung model=qwen3:0.6b,backend=ollama,size=0.6 (Ollama), or
 model=NAME,backend=openai,base_url=http://HOST:PORT/v1 (vLLM); docs/evaluation.md. `rigkit report DIR`
 rebuilds the ladder's report."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from rigkit.cli import add_config_options
-    from rigkit.cli.flags import add_flags, add_generator_flags
+    from rigkit.cli.flags import add_flags, add_generator_flags, deprecated_alias
 
     ev = subparsers.add_parser(
         "eval", help="evaluate closed-book, RAG and RIG systems on a QA set (resumable)",
@@ -68,17 +68,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ladder", help="the same systems over several models: one table and one figure against model size",
         epilog=LADDER_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     ld.add_argument("--qa", required=True, help="qa.jsonl of a data set (data/<set>/qa.jsonl)")
-    ld.add_argument("--model", dest="models", action="append", required=True, metavar="SPEC",
+    ld.add_argument("--rung", dest="models", action="append", metavar="SPEC",
                     help="a rung: a model (name, hub id, path, BASE+ADAPTER) or key=value pairs of generator "
-                         "settings plus label= and size= (billions); repeat for each model")
+                         "settings plus label= and size= (billions); repeat for each model (at least one)")
     ld.add_argument("--systems", default="closed_book,rag,rig:prob",
                     help="comma-separated systems, the same on every rung (default: %(default)s)")
-    ld.add_argument("--index", help="saved index folder; default: retrieval.index / corpus of --config")
     ld.add_argument("--split", default="all", choices=("all", "train", "dev", "test"),
                     help="stored split of the data set (default: %(default)s)")
     ld.add_argument("--limit", type=int, help="only the first N questions (after --split)")
     add_config_options(ld, "; shared by every rung")
-    add_generator_flags(ld, leave_out=("--model",))  # shared by every rung; --model names the rungs
+    add_generator_flags(ld, leave_out=("--model",))  # shared by every rung; --rung names the models
+    add_flags(ld, "--index")
+    deprecated_alias(ld, "--model", "--rung", " here (it named a rung)")
     ld.add_argument("--concurrency", type=int, default=None,
                     help="questions answered at once per rung (default: 1 in-process, 8 served)")
     ld.add_argument("--out", required=True, help="ladder folder: one rung folder each, ladder.md, ladder.html")
@@ -151,15 +152,17 @@ def _run_ladder(args: argparse.Namespace) -> int:
     from rigkit.eval.ladder import parse_rungs, run_ladder
 
     check_out(args.out)
+    if not args.models:
+        raise InputError("rigkit ladder needs at least one --rung SPEC (a model, or key=value generator settings)")
     parse_rungs(args.models)  # every spec checked before the first model loads
     for flag, path in (("--qa", args.qa), ("--config", args.config)):
         if path and not Path(path).exists():
             raise InputError(f"{flag} {path}: file not found")
     if args.concurrency is not None and args.concurrency < 1:
         raise InputError("--concurrency must be at least 1")
-    config = run_config(args)
+    config = run_config(args, leave_out=("--index",))
     check_index(args.index or config.retrieval.index)
-    settings = [*args.settings, *flag_settings(args)]
+    settings = [*args.settings, *flag_settings(args, leave_out=("--index",))]
     path = run_ladder(args.qa, args.out, args.models, args.systems, settings=settings, index=args.index,
                       config=args.config, split=args.split, limit=args.limit, concurrency=args.concurrency,
                       progress=not args.no_progress)

@@ -184,13 +184,15 @@ def flag_settings(args: argparse.Namespace, leave_out: Iterable[str] = ()) -> li
 class _Deprecated(argparse.Action):
     """An old spelling: warns on stderr, then stores into the new flag's destination."""
 
-    def __init__(self, option_strings, dest, new: str = "", note: str = "", **kwargs):
+    def __init__(self, option_strings, dest, new: str = "", note: str = "", append: bool = False, **kwargs):
         super().__init__(option_strings, dest, **kwargs)
-        self.new, self.note = new, note
+        self.new, self.note, self.append = new, note, append
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(f"rigkit: warning: {option_string} is deprecated{self.note}; use {self.new}",
               file=sys.stderr)
+        if self.append:  # a repeatable flag: each use adds one, as the new spelling does
+            values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, True if self.nargs == 0 else values)
 
 
@@ -200,4 +202,5 @@ def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, note: 
     nargs = 0 if isinstance(target, (argparse._StoreTrueAction, argparse._StoreConstAction)) else target.nargs
     parser.add_argument(old, action=_Deprecated, dest=target.dest, new=new, note=note, nargs=nargs,
                         const=target.const, type=target.type, choices=target.choices,
-                        metavar=target.metavar, help=argparse.SUPPRESS)
+                        metavar=target.metavar, help=argparse.SUPPRESS,
+                        append=isinstance(target, argparse._AppendAction))

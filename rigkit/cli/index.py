@@ -61,14 +61,18 @@ def _add_build(actions) -> None:
 
 
 def _add_attach(actions) -> None:
+    from rigkit.cli.flags import deprecated_alias
+
     attach = actions.add_parser(
         "attach", help="use a prebuilt FlashRAG / Search-R1 faiss index and its corpus in place",
         description="Make an index folder that references a prebuilt faiss index and the JSONL corpus it "
         "was built from (row i = line i), without copying or re-embedding; queries are embedded as "
         "FlashRAG does for the encoder. Dense only (docs/retrieval.md).")
     attach.add_argument("--faiss", required=True, metavar="FILE", help="the faiss index, e.g. e5_Flat.index")
-    attach.add_argument("--corpus", required=True, metavar="FILE",
-                        help='its corpus: JSONL, {"id", "contents": "\"Title\"\ntext"} a line')
+    attach.add_argument("--faiss-corpus", dest="faiss_corpus", metavar="FILE",
+                        help='the corpus the faiss index was built from: JSONL, {"id", "contents": '
+                        '"\"Title\"\ntext"} a line (required)')
+    deprecated_alias(attach, "--corpus", "--faiss-corpus", " here (it named the faiss index's corpus)")
     attach.add_argument("--encoder", required=True, metavar="MODEL",
                         help="the model the index was built with: a transformers folder or hub id")
     attach.add_argument("--query-prefix", metavar="TEXT",
@@ -200,7 +204,9 @@ def _attach(args: argparse.Namespace) -> int:
 
     check_out(args.out)
     _setup_logging()
-    index = AttachedIndex.attach(args.faiss, args.corpus, args.out, args.encoder, args.query_prefix,
+    if not args.faiss_corpus:
+        raise InputError("rigkit index attach needs --faiss-corpus FILE: the corpus the faiss index was built from")
+    index = AttachedIndex.attach(args.faiss, args.faiss_corpus, args.out, args.encoder, args.query_prefix,
                                  args.passage_prefix, args.pooling, args.query_max_length,
                                  progress=not args.no_progress and sys.stderr.isatty(), force=args.force)
     m, e = index.manifest, index.manifest["encoder"]

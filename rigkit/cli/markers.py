@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from rigkit.cli import add_config_options
-    from rigkit.cli.flags import add_generator_flags
+    from rigkit.cli.flags import add_generator_flags, deprecated_alias
     from rigkit.config import GeneratorConfig
 
     parser = subparsers.add_parser(
@@ -75,12 +75,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", nargs="+", metavar="FILE",
                    help="print the table from rows written by earlier --out runs instead (e.g. one per set)")
     p.add_argument("--split", default="test", choices=["train", "dev", "test"])
-    p.add_argument("--model", default="smollm2-135m-instruct+markers",
+    p.add_argument("--tuned-model", dest="model", default="smollm2-135m-instruct+markers",
                    help="the tuned model: short name, hub id or local path (default: %(default)s)")
     p.add_argument("--base-model", default=GeneratorConfig.model,
                    help="the model FLARE's queries and the baselines use (default: %(default)s)")
     add_config_options(p, " (default: configs/cpu.yaml)")
     add_generator_flags(p, leave_out=("--model",))  # where both models run
+    deprecated_alias(p, "--model", "--tuned-model", " here (it named the tuned model)")
     p.add_argument("--limit", type=int, default=None, help="first N questions per set")
     p.add_argument("--end-effect", action="store_true",
                    help="also score answers (Cover EM / F1) of rig:marker, rig:prob, rag, closed-book")

@@ -38,6 +38,7 @@ class ContextManager:
         protocol: MarkerProtocol | None = None,
         compressor: Compressor | None = None,
         summarizer: HistorySummarizer | None = None,
+        tools_prompt: str = "",
     ):
         check_context_options(config)
         check_grounding_options(config.grounding, config.cite)
@@ -53,7 +54,7 @@ class ContextManager:
         self.store = PassageStore(config, count_tokens, compressor)
         self.renderer = Renderer(config, count_tokens, render_chat, self.protocol, self.marker_protocol,
                                  lambda: self.store.numbers)
-        self.tools_prompt = ""  # a client's tools, described after the system prompt (rigkit.serve.tools)
+        self.tools_prompt = tools_prompt  # a client's tools, described after the system prompt (rigkit.serve.tools)
         self.start("")
 
     @property

@@ -17,7 +17,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rigkit.config import DeciderConfig
-from rigkit.deciders.base import DEFAULT_POLICY, POLICIES, Decider, DecisionState, decider_policy
+from rigkit.deciders.base import (
+    DEFAULT_POLICY,
+    POLICIES,
+    Decider,
+    DecisionState,
+    decider_needs,
+    decider_policy,
+)
 from rigkit.deciders.baselines import AlwaysRetrieve, EveryNTokens, NeverRetrieve
 from rigkit.deciders.classifier import ClassifierDecider, TriggerScorer
 from rigkit.deciders.compare import compare_deciders
@@ -28,6 +35,7 @@ from rigkit.deciders.keyword import KeywordDecider
 from rigkit.deciders.marker import MarkerDecider
 from rigkit.deciders.probability import ProbabilityDecider
 from rigkit.errors import InputError
+from rigkit.generation.protocol import check_needs
 
 __all__ = [
     "Decider",
@@ -39,6 +47,8 @@ __all__ = [
     "ClassifierDecider",
     "DECIDERS",
     "check_decider_name",
+    "check_decider_support",
+    "decider_needs",
     "decider_from_config",
     "compare_deciders",
     "AlwaysRetrieve",
@@ -96,6 +106,17 @@ DECIDERS: _Registry = _Registry(
         "entity": EntityChecklist,
     }
 )
+
+
+def check_decider_support(config: DeciderConfig, generator: Any) -> None:
+    """Refuse, in one line naming the decider, one that needs what `generator` cannot give (its
+    class's `needs`: log-probabilities, attentions). `config` is a `DeciderConfig`; composite
+    members are checked too. Called where a run is assembled, before any question; the trained
+    classifier checks its hidden-state features itself when it is given the generator."""
+    text_only = [n for n, cls in DECIDERS.items() if getattr(cls, "needs", None) == frozenset()]
+    for member in (config, *config.members):
+        if member.name in DECIDERS:  # an unknown name is refused when the decider is built
+            check_needs(member.name, decider_needs(DECIDERS[member.name], member.params), generator, text_only)
 
 
 def check_decider_name(name: str) -> str:

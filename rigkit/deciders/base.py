@@ -7,20 +7,33 @@ A decider also declares what the loop does with the segment that made it fire (`
   look-ahead: the flagged sentence is only a draft of what to search for).
 A decider that declares nothing gets `DEFAULT_POLICY`; a run may override it
 (`controller.policy` in the config, `--policy` on `rigkit ask`).
+
+A decider class declares what it needs of the model besides the text (`needs`, read by
+`decider_needs`): the tokens' log-probabilities, the model's attentions, extra forward passes.
+A decider whose needs depend on its settings says so in `needs_for(params)`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rigkit.errors import InputError
+from rigkit.generation.protocol import ATTENTION, EXTRA_PASSES, LOGPROBS
 from rigkit.trace import Decision, Hit, Query, Segment
 
-__all__ = ["Decider", "DecisionState", "POLICIES", "DEFAULT_POLICY", "decider_policy"]
+__all__ = ["Decider", "DecisionState", "POLICIES", "DEFAULT_POLICY", "decider_policy",
+           "LOGPROBS", "ATTENTION", "EXTRA_PASSES", "decider_needs"]
 
 POLICIES = ("continue", "regenerate")
 DEFAULT_POLICY = "regenerate"
+
+
+def decider_needs(cls: type, params: Mapping[str, Any] | None = None) -> frozenset[str]:
+    """What decider class `cls`, built with `params`, needs of the model (empty: the text alone)."""
+    needs_for = getattr(cls, "needs_for", None)
+    return frozenset(needs_for(dict(params or {})) if callable(needs_for) else getattr(cls, "needs", ()))
 
 
 @dataclass

@@ -27,6 +27,7 @@ class AlwaysRetrieve:
     """Retrieve after every non-empty segment."""
 
     name = "always"
+    needs: frozenset[str] = frozenset()  # the text alone
     policy = "continue"  # IRCoT / FS-RAG keep each sentence and write the next with the passages
 
     def __init__(self, threshold: float | None = None):
@@ -45,6 +46,7 @@ class EveryNTokens:
     """
 
     name = "every_n"
+    needs: frozenset[str] = frozenset()  # the text alone
     policy = "continue"  # FL-RAG keeps the window and continues with the passages
     unit = "tokens"
     score_threshold = 1.0  # score = share of the interval elapsed: retrieve at 1
@@ -77,6 +79,7 @@ class NeverRetrieve:
     """Never retrieve (closed-book baseline)."""
 
     name = "never"
+    needs: frozenset[str] = frozenset()  # the text alone
     policy = "regenerate"  # never fires: the policy is never used
 
     def __init__(self, threshold: float | None = None):

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from rigkit.deciders.base import DecisionState
+from rigkit.deciders.base import LOGPROBS, DecisionState
 from rigkit.deciders.probability import content_tokens
 from rigkit.deciders.spans import word_spans
 from rigkit.errors import InputError
@@ -56,6 +56,7 @@ class ClassifierDecider:
 
     name = "classifier"
     policy = "regenerate"  # a flagged sentence is written again from the passages, as FLARE
+    needs = frozenset({LOGPROBS})  # its hidden-state features are checked when it is given the generator
     unit = "probability"
 
     def __init__(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from rigkit.deciders.base import DecisionState
+from rigkit.deciders.base import ATTENTION, EXTRA_PASSES, LOGPROBS, DecisionState
 from rigkit.deciders.spans import spans_from_tokens, token_words
 from rigkit.errors import InputError, RigkitError
 from rigkit.generation.protocol import SupportsAttention
@@ -44,6 +44,12 @@ class EntropyDecider:
     name = "entropy"
     policy = "regenerate"  # DRAGIN regenerates from the triggering point with the passages
     unit = "nats"
+    needs = frozenset({LOGPROBS, ATTENTION, EXTRA_PASSES})  # the attention pass reads the KV cache
+
+    @classmethod
+    def needs_for(cls, params: dict) -> frozenset[str]:
+        """Entropy alone (`use_attention: false`, the mode for served models) reads log-probabilities only."""
+        return cls.needs if params.get("use_attention", True) else frozenset({LOGPROBS})
 
     @property
     def score_threshold(self) -> float:

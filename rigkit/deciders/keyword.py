@@ -34,6 +34,7 @@ class KeywordDecider:
     """Hedging cues and unsupported fact-shaped tokens; see the module docstring."""
 
     name = "keyword"
+    needs: frozenset[str] = frozenset()  # the text alone
     policy = "regenerate"  # the unsupported claim is written again from the passages
     unit = "score"
 

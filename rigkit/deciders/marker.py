@@ -23,6 +23,7 @@ class MarkerDecider:
     """Retrieve when the segment holds a retrieval marker; its phrases become the intents."""
 
     name = "marker"
+    needs: frozenset[str] = frozenset()  # the text alone
     policy = "continue"  # the model's own request stays; the answer goes on after the passages
     unit = "score"
 

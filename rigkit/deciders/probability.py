@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rigkit.deciders.base import DecisionState
+from rigkit.deciders.base import LOGPROBS, DecisionState
 from rigkit.deciders.spans import spans_from_tokens, token_words
 from rigkit.generation.stops import tokens_upto
 from rigkit.text import is_stop, split_words
@@ -42,6 +42,7 @@ class ProbabilityDecider:
 
     name = "prob"
     policy = "regenerate"  # FLARE: the flagged sentence is rewritten with the passages
+    needs = frozenset({LOGPROBS})
     unit = "probability"
 
     @property

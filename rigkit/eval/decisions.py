@@ -29,12 +29,12 @@ from rigkit.eval.answers import cover_match, typed_match
 from rigkit.eval.gold import GoldChain
 from rigkit.eval.paired import Share, per_question, ratio_interval, share_interval
 from rigkit.text import split_sentences, strip_citations
+from rigkit.trace import derived_kept, kept_order
 
 __all__ = ["NEEDED", "NOT_NEEDED", "OUT_OF_REACH", "DecisionQuality", "with_type_aware", "need_labels",
            "decision_quality", "fact_segment", "fired_segments", "decision_table", "find_system"]
 
 NEEDED, NOT_NEEDED, OUT_OF_REACH = "needed", "not needed", "out of reach"
-KEPT = ("accept", "continue", "skip", "restore")  # actions after which the segment stays in the answer
 LABEL_METRIC = "type_aware"
 
 
@@ -69,10 +69,15 @@ def need_labels(rows: Sequence[dict[str, Any]], closed: str, rag: str,
     return labels
 
 
+def _kept(rounds: Sequence[dict[str, Any]]) -> list[str]:
+    """What each round of a result line kept (lines before trace version 5: read from its action)."""
+    return [r["kept"] if "kept" in r else derived_kept(r.get("action") or "accept") for r in rounds]
+
+
 def _segments(row: dict[str, Any]) -> list[str]:
     rounds = (row.get("summary") or {}).get("rounds") or []
     if rounds and all("text" in r for r in rounds):
-        return [r["text"] for r in rounds if r.get("action") in KEPT]
+        return [rounds[i]["text"] for i in kept_order(_kept(rounds))]
     return split_sentences(strip_citations(row.get("answer") or ""))
 
 
@@ -89,13 +94,10 @@ def fact_segment(row: dict[str, Any], chain: GoldChain | None) -> int:
 
 def fired_segments(row: dict[str, Any]) -> set[int]:
     """Indices of the segments a round fired on (a rewritten segment keeps its index)."""
-    fired, kept = set(), 0
-    for rnd in (row.get("summary") or {}).get("rounds") or []:
-        if rnd.get("fire"):
-            fired.add(kept)
-        if rnd.get("action") in KEPT:
-            kept += 1
-    return fired
+    rounds = (row.get("summary") or {}).get("rounds") or []
+    kept = _kept(rounds)
+    # a round judges the segment after those kept before it; a kept grounded rewrite takes the last one's place
+    return {len(kept_order(kept[:i])) for i, rnd in enumerate(rounds) if rnd.get("fire")}
 
 
 @dataclass(frozen=True)

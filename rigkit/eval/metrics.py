@@ -41,7 +41,7 @@ from rigkit.citations import attribute
 from rigkit.eval.answers import cover_match, exact_match, extract_answer, token_f1, typed_match
 from rigkit.guards import repeated_sentence, whole_sentences
 from rigkit.text import find_citations, split_sentences, strip_citations
-from rigkit.trace import Action, Hit, RIGResult
+from rigkit.trace import Action, Hit, RIGResult, answer_end
 
 __all__ = [
     "QAItem",
@@ -264,12 +264,10 @@ def _guard_counts(result: RIGResult, answer: str) -> dict[str, Any]:
     guards = [g for r in result.rounds for g in r.guards]
     unfinished = bool(answer.strip()) and whole_sentences(answer) != answer
     grounded = [r for r in result.rounds if r.action is Action.GROUND]
-    # the round that wrote the end (a dropped grounded rewrite wrote nothing that stayed)
-    last = next((r for r in reversed(result.rounds)
-                 if r.segment.text.strip() and not (r.action is Action.GROUND and r.fallback)), None)
+    end = answer_end(result.rounds)  # the segment the answer ends with, and whether a repeat was cut there
     return {
         # a rewrite dropped for the segment it was to replace: the rewrite check's, a grounded one's
-        "fallbacks": sum(r.action is Action.FALLBACK for r in result.rounds) + sum(bool(r.fallback) for r in grounded),
+        "fallbacks": sum(bool(r.fallback) for r in result.rounds),  # each records why
         "repeats_cut": sum(r.action is Action.REPEAT for r in result.rounds),
         "query_guard_hits": sum(not g.startswith(("repeat:", "phrase loop:")) for g in guards),
         "trimmed": int(bool(result.trimmed)),
@@ -281,7 +279,7 @@ def _guard_counts(result: RIGResult, answer: str) -> dict[str, Any]:
         # unfinished because generation was cut (the token budget, or a guard cutting a repeat or
         # phrase loop), not because the model itself ended its turn after a phrase ("Letitia Green
         # Stevenson (1843 – 1913)")
-        "cut_mid_sentence": int(unfinished and bool(last) and (last.action is Action.REPEAT or not last.segment.finished)),
+        "cut_mid_sentence": int(unfinished and end is not None and (end[1] or not end[0].finished)),
     }
 
 

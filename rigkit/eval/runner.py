@@ -184,6 +184,7 @@ def summarize_result(result: RIGResult) -> dict[str, Any]:
                 "hits": [h.chunk_id for h in r.hits],
                 "added": list(r.injection.added) if r.injection else [],
                 "action": r.action,
+                "kept": r.kept,  # what it left in the answer (rigkit.trace.kept_order)
                 "error": r.error,
             }
             for r in result.rounds

@@ -22,7 +22,7 @@ from rigkit.generation.protocol import (
     SupportsAttention,
     SupportsHiddenStates,
     SupportsReset,
-    check_decider_support,
+    check_needs,
 )
 from rigkit.generation.stops import SENTENCE_END, find_stop
 
@@ -34,7 +34,7 @@ __all__ = [
     "HFGenerator",
     "generator_from_config",
     "Placement",
-    "check_decider_support",
+    "check_needs",
     "OpenAIGenerator",
     "converted_model_dir",
     "find_stop",

@@ -9,8 +9,8 @@ attribute names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, runtime_checkable
 
 from rigkit.errors import InputError
 from rigkit.trace import Segment
@@ -22,9 +22,10 @@ __all__ = [
     "SupportsHiddenStates",
     "SupportsReset",
     "ReportsTokenScores",
-    "PROBABILITY_DECIDERS",
-    "TEXT_DECIDERS",
-    "check_decider_support",
+    "LOGPROBS",
+    "ATTENTION",
+    "EXTRA_PASSES",
+    "check_needs",
 ]
 
 
@@ -101,27 +102,23 @@ class ReportsTokenScores(Protocol):
         ...
 
 
-PROBABILITY_DECIDERS = ("prob", "entropy", "classifier")  # read the tokens' log-probabilities
-TEXT_DECIDERS = ("marker", "keyword", "always", "every_n", "never")  # read only the text
+# What a decider may need of the model besides the text (declared as `needs` on its class)
+LOGPROBS = "log-probabilities"  # real per-token log-probabilities (a chat server may not send them)
+ATTENTION = "attentions"  # the attention among a segment's tokens (an in-process model)
+EXTRA_PASSES = "extra passes"  # forward passes of its own through the model (recorded per decision)
 
 
-def check_decider_support(config: Any, generator: Generator) -> None:
-    """Refuse, in one line naming the decider, one that needs model internals `generator` lacks.
-
-    `config` is a `DeciderConfig` (composite members are checked too). Called where a run is
-    assembled, before any question: a served model (`OpenAIGenerator`) offers no attentions or
-    hidden states, so DRAGIN's attention-weighted entropy cannot run on it. The trained
-    classifier checks its own needs when it is given the generator.
-    """
-    for member in (config, *config.members):
-        if member.name in PROBABILITY_DECIDERS and isinstance(generator, ReportsTokenScores):
-            if missing := generator.missing_token_scores():
-                raise InputError(f"decider {member.name!r} reads token probabilities, but {missing}; "
-                                 f"deciders that work with it: {', '.join(TEXT_DECIDERS)}")
-        if member.name == "entropy" and member.params.get("use_attention", True):
-            if not isinstance(generator, SupportsAttention):
-                raise InputError(
-                    f"decider 'entropy' needs the model's attention weights, which "
-                    f"{type(generator).__name__} ({generator.spec}) cannot give; use an "
-                    "in-process model, or entropy alone with decider.params.use_attention: false"
-                )
+def check_needs(decider: str, needs: Collection[str], generator: Generator, text_only: Sequence[str] = ()) -> None:
+    """Refuse, in one line naming `decider`, needs `generator` cannot meet: a served model
+    (`OpenAIGenerator`) offers no attentions, so DRAGIN's attention-weighted entropy cannot run on
+    it; a chat server may send no log-probabilities. `text_only`: deciders that read the text alone."""
+    if LOGPROBS in needs and isinstance(generator, ReportsTokenScores):
+        if missing := generator.missing_token_scores():
+            raise InputError(f"decider {decider!r} reads token probabilities, but {missing}; "
+                             f"deciders that work with it: {', '.join(text_only)}")
+    if ATTENTION in needs and not isinstance(generator, SupportsAttention):
+        raise InputError(
+            f"decider {decider!r} needs the model's attention weights, which "
+            f"{type(generator).__name__} ({generator.spec}) cannot give; use an "
+            "in-process model, or entropy alone with decider.params.use_attention: false"
+        )

@@ -1,6 +1,6 @@
 """Attached indexes: a prebuilt FlashRAG / Search-R1 faiss index and its corpus, used in place.
 
-`rigkit index attach --faiss e5_Flat.index --corpus wiki-18.jsonl --encoder MODEL --out DIR`
+`rigkit index attach --faiss e5_Flat.index --faiss-corpus wiki-18.jsonl --encoder MODEL --out DIR`
 makes an index folder that references both files instead of copying or re-embedding them:
     manifest.json   kind "attached"; the faiss file and the corpus (absolute path, bytes, mtime, a
                     hash of their first and last MiB), the query encoder's recipe (model, pooling,

@@ -11,8 +11,8 @@ your own needs no `filters` parameter until someone filters: then it is a clear 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rigkit.trace import Hit
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rigkit.retrieval.filters import Filters
     from rigkit.retrieval.ranking import Scored
 
-__all__ = ["Retriever", "ScoresChunks", "NoRetriever"]
+__all__ = ["Retriever", "ScoresChunks", "NoRetriever", "layers"]
 
 
 @runtime_checkable
@@ -49,3 +49,13 @@ class NoRetriever:
 
     def search(self, query: str, top_k: int = 5) -> list[Hit]:
         return []
+
+
+def layers(retriever: Any) -> Iterator[Any]:
+    """`retriever`, then each retriever it wraps, outermost first: a wrapper (filters, a reranker,
+    the served index's fair turns) keeps the one it wraps in `inner`, so what it wraps shows through."""
+    seen: set[int] = set()
+    while retriever is not None and id(retriever) not in seen:
+        seen.add(id(retriever))
+        yield retriever
+        retriever = getattr(retriever, "inner", None)

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rigkit.config import RetrievalConfig
 from rigkit.errors import InputError
-from rigkit.retrieval.base import Retriever
+from rigkit.retrieval.base import Retriever, layers
 from rigkit.retrieval.filters import check_accepts, parse_filters, search_filtered
 from rigkit.trace import Hit
 
@@ -208,10 +208,10 @@ def embedder_of(retriever: Retriever) -> Callable[[list[str]], Any] | None:
     member), or None: deduplication then falls back to word fingerprints."""
     from rigkit.retrieval.dense import EmbedsQueries, embed_texts
 
-    members = getattr(retriever, "retrievers", {"self": retriever})
-    for member in members.values():
-        if isinstance(member, EmbedsQueries):  # its model loads on first use, not here
-            return lambda texts, m=member: embed_texts(m.embedder, texts)
+    for layer in layers(retriever):  # through the wrappers: filters, a reranker, the served index's turns
+        for member in getattr(layer, "retrievers", {"self": layer}).values():
+            if isinstance(member, EmbedsQueries):  # its model loads on first use, not here
+                return lambda texts, m=member: embed_texts(m.embedder, texts)
     return None
 
 

@@ -15,7 +15,8 @@ with several needs (several marker phrases, or several intents of a `marker` / `
 builder, which makes its query from them) asks for one search per need: one assistant message
 with several `tool_calls`. The paused run is kept here under its tool call ids (at most
 `MAX_PAUSED` ids, each for `PAUSED_SECONDS`); the next request, carrying the `role: "tool"`
-results, resumes it with them: nothing written before is generated or replayed again. When the
+results, resumes it with them over that request's parts (`RIGController.restore`: the context is
+rebuilt from the run's log, so nothing written before is generated again). When the
 paused run is gone (expired, or another server), the results are read as passages given before
 the question and the answer is written afresh.
 """
@@ -30,8 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rigkit.build import Serving
 from rigkit.config import RunConfig
 from rigkit.controller import RoundCallback
+from rigkit.errors import RunStateError
 from rigkit.serve.conversations import Conversations
 from rigkit.serve.paused import PausedRuns, PerNeedQueries
 from rigkit.serve.searcher import SharedSearcher
@@ -126,8 +129,9 @@ class RigService:
         workers = default_concurrency(config.generator) if workers is None else workers
         if generator is not None and generator_factory is None and workers > 1:
             raise ValueError("several workers need a generator_factory: one generator per worker")
-        if retriever is None:
-            retriever = build_retriever(config.retrieval)
+        if retriever is None:  # a cross-encoder is loaded once, here; upr scores with each worker's model, per run
+            upr = (config.retrieval.rerank or "").strip() == "upr"
+            retriever = build_retriever(dataclasses.replace(config.retrieval, rerank="none") if upr else config.retrieval)
         if generator is None and load_model:
             generator = build_generator(config.generator)
         # the workers' rounds and /retrieve, /rpc, MCP searches share the index: one at a time, fairly
@@ -204,7 +208,7 @@ class RigService:
         """Server-side RIG: one controller run; events are sent as they happen."""
         generator = self.generator_of(job.slot)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
-        controller = self._controller(options, callbacks, generator=generator, stop=_stop_check(job))
+        controller = self._controller(options, callbacks, generator, Serving(check_stop=_stop_check(job)))
         with _sampling(generator, options):
             return controller.run(question, history=history)
 
@@ -228,18 +232,22 @@ class RigService:
         generator = self.generator_of(job.slot)
         stream, callbacks = self._callbacks(job, on_event, on_round, hold)
         paused = self.paused.take(question, rounds[-1].call_ids) if rounds else None
+        language = detect_language(question)
+        serving = Serving(queries=PerNeedQueries, check_stop=_stop_check(job),
+                          tools_prompt=lambda protocol: tools_prompt(tools, protocol.open, protocol.close, language))
+        controller = self._controller(options, callbacks, generator, serving)
         with _sampling(generator, options):
-            if paused is None:  # a new question, or its paused run is gone: the results go before it
-                controller = self._controller(options, callbacks, generator=generator, stop=_stop_check(job))
-                controller.query_builder = PerNeedQueries(controller.query_builder)
-                protocol = controller.context.protocol
-                controller.context.tools_prompt = tools_prompt(tools, protocol.open, protocol.close,
-                                                               detect_language(question))
+            run = None
+            if paused is not None:  # goes on over this request's parts (its worker's model, its stream)
+                saved, served = paused
+                try:
+                    run = controller.restore(saved.state(), reset=False)  # its sampling goes on
+                except RunStateError:  # asked again with other settings: written afresh, as below
+                    run = None
+                else:
+                    run.resume(run.request.id, served + self._tool_hits(rounds[-1]))
+            if run is None:  # a new question, or its paused run is gone: the results go before it
                 run = controller.start(question, [h for r in rounds for h in self._tool_hits(r)], history)
-            else:
-                run, served = paused
-                run.controller.generator, run.controller.callbacks = generator, callbacks
-                run.resume(run.request.id, served + self._tool_hits(rounds[-1]))
             while (step := run.step()) is not None:
                 if not isinstance(step, SearchRequest):
                     continue
@@ -277,8 +285,7 @@ class RigService:
             callbacks.append(_RoundSink(on_round))
         return stream, callbacks
 
-    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any, retriever: Any = None,
-                    stop: Callable[[], None] | None = None):
+    def _controller(self, options: AskOptions, callbacks: list[Any], generator: Any, serving: Serving):
         from rigkit.build import build_controller
 
         config = self.config.with_decider(options.decider).override(
@@ -287,14 +294,10 @@ class RigService:
             retrieval={"top_k": options.top_k},
             decider={"threshold": options.threshold},
         )
-        controller = build_controller(
-            config, generator=generator, retriever=retriever or self.retriever,
-            callbacks=callbacks,
-        )
-        summarizer = controller.context.summarizer
-        if summarizer is not None and stop is not None:
-            summarizer.check_stop = stop  # a client gone before the summary is asked for costs no model call
-        return controller
+        # the served index is reranked once for every request (upr: here, over this worker's model);
+        # a client gone before a history summary is asked for costs no model call (`check_stop`)
+        return build_controller(config, generator=generator, retriever=self.retriever, callbacks=callbacks,
+                                serving=serving)
 
     def _tool_hits(self, tool_round: ToolRound) -> list[Hit]:
         """The client's results as passages, each capped with a visible truncation note."""

@@ -20,7 +20,17 @@ from collections.abc import Iterable, Sequence
 from rigkit.citations import source_label
 from rigkit.markers import find_markers
 from rigkit.markers.parsing import TagSpec  # a word tag or a whole MarkerProtocol
-from rigkit.trace import Action, Decision, Hit, Injection, Query, RoundTrace, Segment, Span
+from rigkit.trace import (
+    Decision,
+    Hit,
+    Injection,
+    Kept,
+    Query,
+    RoundTrace,
+    Segment,
+    Span,
+    kept_order,
+)
 from rigkit.widgets.figures import score_cut  # pure; plotly is imported only inside figures
 
 __all__ = [
@@ -33,17 +43,11 @@ __all__ = [
     "context_html",
     "rankings_html",
     "hit_status",
-    "DISCARDED_ACTIONS",
     "BOX_STYLE",
     "MUTED_STYLE",
     "esc",
     "fmt",
 ]
-
-# Rounds whose segment did not stay in the answer: it was dropped and written again after
-# retrieval (FLARE-style "regenerate"). "skip" (no retrieval rounds left) keeps its segment.
-# segments that left the answer: set aside for a rewrite, a rewrite dropped for the flagged one, a repeat
-DISCARDED_ACTIONS = frozenset({Action.REGENERATE, Action.FALLBACK, Action.REPEAT})
 
 _RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf",
                     *(f"q{i}" for i in range(1, 10)), "merged")  # sub-queries, then their merge
@@ -158,34 +162,23 @@ def _wrap_segment(body: str, current: bool, discarded: bool) -> str:
     return f'<span class="{" ".join(classes)}" style="{style}"{title}>{body}</span>'
 
 
-def _dropped(r: RoundTrace) -> bool:
-    """A grounded rewrite that did not replace the segment before it."""
-    return r.action is Action.GROUND and bool(r.fallback)
-
-
 def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "retrieve") -> str:
     """The draft as it stood at round `index`: kept segments so far, then this round's segment.
 
-    Earlier segments that were discarded (regenerated) are left out, as they left the answer;
-    the current one is dashed-underlined, and struck through when it is being regenerated.
+    Earlier segments that left the answer (regenerated, dropped, replaced) are left out; the
+    current one is dashed-underlined, and struck through unless it stays in the answer whole.
     """
     if not rounds:
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
-    # a "restore" or "fallback" round puts the previous round's flagged segment back into the answer
-    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action in (Action.RESTORE, Action.FALLBACK)}
-    # a kept grounded rewrite takes the previous round's segment out of the answer
-    replaced = {i - 1 for i in range(1, index + 1) if rounds[i].action is Action.GROUND and not rounds[i].fallback}
-    parts = [
-        segment_html(r.segment, (), marker_tag)
-        for i, r in enumerate(rounds[:index])
-        if (r.action not in DISCARDED_ACTIONS or i in restored) and i not in replaced and not _dropped(r)
-    ]
+    # what this round decided counts too: a restore puts the set-aside segment back, a kept rewrite replaces one
+    kept = [i for i in kept_order([r.kept or Kept.NOTHING for r in rounds[: index + 1]]) if i != index]
+    parts = [segment_html(rounds[i].segment, (), marker_tag) for i in kept]
     cur = rounds[index]
     parts.append(
         segment_html(
             cur.segment, cur.decision.spans, marker_tag, current=True,
-            discarded=cur.action in DISCARDED_ACTIONS or _dropped(cur),
+            discarded=cur.kept not in (Kept.SEGMENT, Kept.REWRITE),
         )
     )
     legend = (
