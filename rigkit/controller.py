@@ -147,7 +147,10 @@ class RIGController(AnswerChecks):
         trace = RoundTrace(index=len(run.rounds), segment=segment, decision=decision, timings=timings,
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused)
         if run.pending is not None and segment.finished and not segment.text.strip():
-            self._restore(run, trace)
+            if self.config.restore:
+                self._restore(run, trace)
+            else:  # controller.restore off: the set-aside segment is dropped and the answer ends
+                run._accept(segment)
         elif run.pending is not None and (fault := self._rewrite_fault(run.rounds, segment)):
             self._fallback(run, trace, fault)
         elif (repeat := self._repeat_at(segment)) is not None:
