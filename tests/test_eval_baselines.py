@@ -74,7 +74,9 @@ def test_rigkit_eval_runs_the_baselines_without_building_a_generator(tmp_path, m
     assert rows["c2", "echo"]["cover_em"] == 1.0  # the question holds its options: Cover EM's floor
     meta = json.loads((out / "meta.json").read_text())
     assert meta["model"]["source"] == "no model"
-    assert "commit" in meta["sessions"][-1]  # the rules' commit (None only outside a checkout)
+    (session,) = meta["sessions"]  # opened before the first answer, completed at the end
+    assert session["finished"] and session["answers"] == 8
+    assert session["commit"] and len(session["commit"].split("+")[0]) == 40  # the rules' commit
     report = (out / "report.md").read_text()
     assert "EM open (short)" in report and "| question_only |" in report and "| echo |" in report
 
@@ -182,3 +184,15 @@ def test_compare_refuses_runs_on_different_versions_of_a_split(tmp_path):
         load_compared(new, [str(old)])
     meta, rows = load_compared(new, [str(same)])
     assert {r["system"] for r in rows} == {"rag", "rag [same]"}
+
+
+@pytest.mark.parametrize("name", ["musique", "2wikimultihopqa"])
+def test_the_stored_split_is_what_write_splits_makes_from_the_qa_file(tmp_path, name):
+    import shutil
+
+    from rigkit.datasets import write_splits
+
+    shutil.copy(DATA / name / "qa.jsonl", tmp_path / "qa.jsonl")
+    write_splits(tmp_path)
+    assert load_splits(tmp_path) == load_splits(DATA / name)
+    assert split_info(tmp_path) == split_info(DATA / name)

@@ -24,7 +24,14 @@ from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, read_meta, write_report
 from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
-from rigkit.eval.systems import LAYOUTS, build_systems, load_parts, needs_gold, needs_model, parse_systems
+from rigkit.eval.systems import (
+    LAYOUTS,
+    build_systems,
+    load_parts,
+    needs_gold,
+    needs_model,
+    parse_systems,
+)
 from rigkit.files import atomic_write_text
 
 __all__ = ["SPLITS", "load_questions", "evaluate", "code_commit"]
@@ -123,17 +130,23 @@ def _split_record(qa: str | Path, split: str) -> dict[str, Any]:
 
 def _record_session(folder: Path, meta: dict[str, Any], started: tuple[str, float], summary: RunSummary,
                     workers: int | None) -> None:
-    """Add this call's wall time to meta.json: what a run took on this machine, resumes included."""
+    """Complete this call's session in meta.json (`_open_session`): what a run took on this
+    machine, resumes included."""
     finished = datetime.now(timezone.utc)
     meta["updated"] = finished.isoformat(timespec="seconds")
-    meta["sessions"] = [*meta.get("sessions", []), {
-        "started": started[0], "finished": meta["updated"],
-        "seconds": round(time.perf_counter() - started[1], 1), "answers": summary.written,
-        "workers": workers, "cpus": os.cpu_count(),
-        # the rules the answers were checked with: a test split runs once, on frozen rules
-        "commit": code_commit(),
-    }]
+    session = meta["sessions"][-1] if meta.get("sessions") and meta["sessions"][-1].get("finished") is None \
+        else _open_session(meta, started)
+    session.update({"finished": meta["updated"], "seconds": round(time.perf_counter() - started[1], 1),
+                    "answers": summary.written, "workers": workers})
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
+
+
+def _open_session(meta: dict[str, Any], started: tuple[str, float]) -> dict[str, Any]:
+    """A session entry written before the first answer, so a run killed mid-way still records the
+    commit its answers' rules come from (a test split runs once, on frozen rules)."""
+    session = {"started": started[0], "finished": None, "cpus": os.cpu_count(), "commit": code_commit()}
+    meta["sessions"] = [*meta.get("sessions", []), session]
+    return session
 
 
 def evaluate(
@@ -199,6 +212,7 @@ def evaluate(
         "question_ids": [q.id for q in items], "dataset": items[0].dataset,
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
+    _open_session(meta, started)
     gold = None
     if needs_gold(specs):
         from rigkit.eval.gold import load_gold

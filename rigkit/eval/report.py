@@ -32,7 +32,13 @@ from rigkit.eval.answers import answer_kind, with_open_scores
 from rigkit.eval.by_source import source_tables
 from rigkit.eval.decisions import with_type_aware
 from rigkit.eval.loss import COVER_EM_CAUTION, loss_tables
-from rigkit.eval.paired import FEW_DISCORDANT, PairedComparison, compare_systems, per_question, wins_losses
+from rigkit.eval.paired import (
+    FEW_DISCORDANT,
+    PairedComparison,
+    compare_systems,
+    per_question,
+    wins_losses,
+)
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
@@ -354,7 +360,7 @@ def _wall_time(sessions: list[dict[str, Any]]) -> str:
     minutes = sum(float(s.get("seconds", 0)) for s in sessions) / 60
     workers = sorted({s.get("workers") for s in sessions if s.get("workers")})
     return (f"Wall time answering: {minutes:.1f} min in {len(sessions)} session(s), "
-            f"{sessions[0].get('started', '?')} to {sessions[-1].get('finished', '?')}, "
+            f"{sessions[0].get('started', '?')} to {sessions[-1].get('finished') or 'unfinished'}, "
             f"{'/'.join(map(str, workers)) or '?'} at once on {sessions[-1].get('cpus', '?')} CPUs.")
 
 
