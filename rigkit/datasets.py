@@ -70,14 +70,14 @@ def load_qa(path: str | Path) -> list[dict[str, Any]]:
 
 def question_links(row: dict[str, Any]) -> list[str]:
     """What ties a question to others: its decomposition steps, supporting paragraphs and answer."""
-    from rigkit.eval.answers import normalize_answer
+    from rigkit.text import normalize_words
 
     links = [f"step:{step['id']}" for step in row.get("question_decomposition") or []
              if isinstance(step, dict) and step.get("id") is not None]
     links += [f"pid:{p['pid']}" for p in row.get("paragraphs") or []
               if isinstance(p, dict) and p.get("is_supporting") and p.get("pid")]
     links += [f"title:{t}" for t in row.get("supporting_titles") or []]
-    answer = normalize_answer(str(row.get("answer", "")))
+    answer = " ".join(w for w in normalize_words(str(row.get("answer", ""))).split() if w not in ("a", "an", "the"))
     if answer and answer not in ("yes", "no"):  # every yes/no question would be one group
         links.append(f"answer:{answer}")
     return links
