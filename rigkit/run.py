@@ -158,7 +158,10 @@ class Run:
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused,
                            kept=Kept.NOTHING)
         if self.pending is not None and segment.finished and not segment.text.strip():
-            self._put_back(trace, Action.RESTORE)  # the model ended its turn after the passages
+            if c.config.restore:
+                self._put_back(trace, Action.RESTORE)  # the model ended its turn after the passages
+            else:  # controller.restore off (the oracle's control): the set-aside segment is dropped, the answer ends
+                self.log.keep(trace, Kept.SEGMENT)
         elif self.pending is not None and (fault := c.checks.rewrite_fault(self.rounds, segment)):
             self._put_back(trace, Action.FALLBACK, fault)
         elif (repeat := c.checks.repeat_at(segment)) is not None:

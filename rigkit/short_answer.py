@@ -19,8 +19,8 @@ from rigkit.text import (
     strip_citations,
 )
 
-__all__ = ["SHORT_ANSWER_MODES", "extract_answer", "choice_options", "answer_line", "ask_prompt",
-           "parse_short_reply"]
+__all__ = ["SHORT_ANSWER_MODES", "extract_answer", "choice_options", "is_yes_no_question", "answer_line",
+           "ask_prompt", "parse_short_reply"]
 
 SHORT_ANSWER_MODES = ("none", "extract", "ask")
 
@@ -46,6 +46,11 @@ def choice_options(question: str) -> list[str]:
     if not found:
         return []
     return [found.group("a").strip(_TRIM), found.group("b").strip(_TRIM)]
+
+
+def is_yes_no_question(question: str) -> bool:
+    """Whether the question opens with an auxiliary verb ("Is ...", "Did ...")."""
+    return bool(_YES_NO_QUESTION.match(question))
 
 
 def _first_mentioned(options: list[str], text: str) -> str | None:

@@ -22,6 +22,8 @@ __all__ = ["METRICS", "POOLED", "GroupStats", "aggregate", "percentile", "questi
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("em_short", "EM (short answer)", "{:.3f}"),
     ("f1_short", "F1 (short answer)", "{:.3f}"),
+    ("em_open", "EM open (short)", "{:.3f}"),  # on open questions only (not yes/no, not two-option)
+    ("f1_open", "F1 open (short)", "{:.3f}"),
     ("em", "EM", "{:.3f}"),
     ("f1", "F1", "{:.3f}"),
     ("em_extracted", "EM (extracted)", "{:.3f}"),

@@ -42,6 +42,8 @@ __all__ = [
     "extract_answer",
     "answer_kind",
     "typed_match",
+    "with_open_scores",
+    "OPEN_SCORES",
 ]
 
 _YES_NO = ("yes", "no", "noanswer")
@@ -169,6 +171,22 @@ def answer_kind(question: str, golds: Sequence[str]) -> str:
     if normalize_answer(gold) in ("yes", "no"):
         return "yes/no"
     return "choice" if _options(question, gold) else "open"
+
+
+OPEN_SCORES = {"em_open": "em_short", "f1_open": "f1_short"}  # score on open questions -> its source
+
+
+def with_open_scores(rows: Sequence[dict]) -> list[dict]:
+    """The rows, each with `em_open` / `f1_open`: its short-answer EM / F1 on an open question
+    (`answer_kind` "open": neither yes/no nor one of two options the question names), None on
+    the others. Two-option questions give EM near a coin's .5 whatever the system; these do not."""
+    out = []
+    for row in rows:
+        if "em_open" not in row and not row.get("error"):
+            is_open = answer_kind(row.get("question", ""), row.get("gold") or []) == "open"
+            row = {**row, **{key: (row.get(source) if is_open else None) for key, source in OPEN_SCORES.items()}}
+        out.append(row)
+    return out
 
 
 def _first_mention(text: str, phrase: str) -> int | None:

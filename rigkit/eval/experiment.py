@@ -24,10 +24,17 @@ from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, read_meta, write_report
 from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
-from rigkit.eval.systems import LAYOUTS, build_systems, load_parts, needs_gold, parse_systems
+from rigkit.eval.systems import (
+    LAYOUTS,
+    build_systems,
+    load_parts,
+    needs_gold,
+    needs_model,
+    parse_systems,
+)
 from rigkit.files import atomic_write_text
 
-__all__ = ["SPLITS", "load_questions", "evaluate"]
+__all__ = ["SPLITS", "load_questions", "evaluate", "code_commit"]
 
 SPLITS = ("all", "train", "dev", "test")
 
@@ -78,7 +85,7 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return meta
     old = read_meta(folder)
-    for key in ("config", "qa", "split", "shard"):
+    for key in ("config", "qa", "split", "split_fingerprint", "shard"):
         if old.get(key) != meta.get(key):
             raise InputError(
                 f"{folder} holds an evaluation with a different {key}; resume with the same "
@@ -93,17 +100,53 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
+def code_commit() -> str | None:
+    """The git commit the answering rules (this rigkit's code) come from, "+dirty" when its files
+    differ from that commit; None outside a git checkout (an installed wheel)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no",
+                                "--", "rigkit"], capture_output=True, text=True, timeout=10,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "") if head else None
+
+
+def _split_record(qa: str | Path, split: str) -> dict[str, Any]:
+    """The stored split's version and fingerprint (None for every question, or without a file)."""
+    from rigkit.datasets import split_info
+
+    folder = Path(qa).parent
+    if split == "all" or not (folder / "splits.json").exists():
+        return {"split_version": None, "split_fingerprint": None}
+    info = split_info(folder)
+    return {"split_version": info["version"], "split_fingerprint": info["fingerprint"]}
+
+
 def _record_session(folder: Path, meta: dict[str, Any], started: tuple[str, float], summary: RunSummary,
                     workers: int | None) -> None:
-    """Add this call's wall time to meta.json: what a run took on this machine, resumes included."""
+    """Complete this call's session in meta.json (`_open_session`): what a run took on this
+    machine, resumes included."""
     finished = datetime.now(timezone.utc)
     meta["updated"] = finished.isoformat(timespec="seconds")
-    meta["sessions"] = [*meta.get("sessions", []), {
-        "started": started[0], "finished": meta["updated"],
-        "seconds": round(time.perf_counter() - started[1], 1), "answers": summary.written,
-        "workers": workers, "cpus": os.cpu_count(),
-    }]
+    session = meta["sessions"][-1] if meta.get("sessions") and meta["sessions"][-1].get("finished") is None \
+        else _open_session(meta, started)
+    session.update({"finished": meta["updated"], "seconds": round(time.perf_counter() - started[1], 1),
+                    "answers": summary.written, "workers": workers})
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
+
+
+def _open_session(meta: dict[str, Any], started: tuple[str, float]) -> dict[str, Any]:
+    """A session entry written before the first answer, so a run killed mid-way still records the
+    commit its answers' rules come from (a test split runs once, on frozen rules)."""
+    session = {"started": started[0], "finished": None, "cpus": os.cpu_count(), "commit": code_commit()}
+    meta["sessions"] = [*meta.get("sessions", []), session]
+    return session
 
 
 def evaluate(
@@ -160,7 +203,8 @@ def evaluate(
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     started = (now, time.perf_counter())
     meta = _check_meta(folder, {
-        "created": now, "updated": now, "qa": str(Path(qa)), "split": split, "limit": limit,
+        "created": now, "updated": now, "qa": str(Path(qa)), "split": split, **_split_record(qa, split),
+        "limit": limit,
         "index": str(index) if index is not None else cfg.retrieval.index,
         "config_file": None if isinstance(config, RunConfig) or config is None else str(config),
         "config": cfg.to_dict(), "systems": [s.name for s in specs], "runs": runs,
@@ -168,6 +212,7 @@ def evaluate(
         "question_ids": [q.id for q in items], "dataset": items[0].dataset,
         "command": sys.argv if sys.argv and sys.argv[0].endswith("rigkit") else None,
     })
+    _open_session(meta, started)
     gold = None
     if needs_gold(specs):
         from rigkit.eval.gold import load_gold
@@ -177,15 +222,18 @@ def evaluate(
             raise InputError("rig:oracle and rag:gold run in this process only, not on Ray")
         wanted = {q.id for q in items}
         gold = by_question({k: v for k, v in load_gold(qa).items() if k in wanted})
-    if ray is not None:
+    if ray is not None and needs_model(specs):
         return _evaluate_on_ray(ray, items, specs, cfg, folder, meta, started, runs=runs, faithfulness=faithfulness,
                                 traces=traces, progress=progress, workers=concurrency, report=report)
     generator, retriever = load_parts(cfg, specs, generator, retriever)
-    meta["model"] = {"spec": generator.spec or cfg.generator.model, "source": generator.source}
+    meta["model"] = ({"spec": generator.spec or cfg.generator.model, "source": generator.source}
+                     if generator is not None else {"spec": None, "source": "no model"})
     atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, ensure_ascii=False))
     built = build_systems(specs, cfg, generator, retriever, gold=gold)
     scorer = FaithfulnessScorer() if faithfulness else None
-    if concurrency is None:
+    if not needs_model(specs):
+        concurrency = 1  # nothing to wait on: answers take microseconds
+    elif concurrency is None:
         from rigkit.build import default_concurrency
 
         concurrency = default_concurrency(cfg.generator)

@@ -37,7 +37,7 @@ class MergeSummary(RunSummary):
 
 
 # what every shard of one evaluation shares (meta.json keys); "shard count" is compared apart
-_SAME_IN_EVERY_SHARD = ("qa", "split", "limit", "config", "runs", "systems", "model")
+_SAME_IN_EVERY_SHARD = ("qa", "split", "split_fingerprint", "limit", "config", "runs", "systems", "model")
 
 
 def merge_runs(out_dir: str | Path, shard_dirs: Sequence[str | Path], force: bool = False) -> MergeSummary:

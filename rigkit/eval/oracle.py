@@ -10,6 +10,15 @@
 - `rag:gold`: the gold paragraphs (`gold_hits`), in hop order, put before the question; nothing
   retrieved (answered by `rigkit.eval.systems.answer_with_gold`).
 
+Controls, to split `rig:oracle`'s gap to `rag:gold` into generator, layout and loop rule:
+- `rig:oracle@prefix`: the same loop with its passages before the question, where `rag:gold` has them;
+- `rig:oracle~norestore`: the same loop with `controller.restore` off, so an empty rewrite after the
+  passages ends the answer instead of keeping the sentence written before them;
+- `rag:gold+distractors`: `rag:gold` with the distractors `rig:oracle`'s searches bring
+  (`gold_with_distractors`): each hop's search with its gold sub-question, its hits in rank order,
+  the hop's gold paragraph first in that block, then its other hits; so the context holds as many
+  distractors as `rig:oracle`'s would when every hop is asked for, in the same order.
+
 The gold data reaches these systems only through their construction (`gold`: question text ->
 `GoldChain`); the controller, deciders and query builders of every other system never see it.
 """
@@ -26,7 +35,8 @@ from rigkit.errors import InputError
 from rigkit.eval.gold import GoldChain, pid_of
 from rigkit.trace import Decision, Hit, Query, Segment
 
-__all__ = ["OracleDecider", "OracleQuery", "chain_for", "gold_hits", "oracle_controller", "by_question"]
+__all__ = ["OracleDecider", "OracleQuery", "chain_for", "gold_hits", "gold_with_distractors", "oracle_controller",
+           "by_question"]
 
 
 def by_question(chains: Mapping[str, GoldChain]) -> dict[str, GoldChain]:
@@ -85,6 +95,30 @@ def gold_hits(chain: GoldChain) -> list[Hit]:
     return [Hit(chunk_id=f"{p['pid']}#0", doc_id=str(p["pid"]), title=str(p.get("title", "")),
                 text=str(p.get("text", "")), score=1.0, metadata={"pid": str(p["pid"]), "gold": True})
             for p in chain.paragraphs]
+
+
+def gold_with_distractors(chain: GoldChain, retriever: Any, top_k: int) -> list[Hit]:
+    """The gold paragraphs among the hits `rig:oracle`'s searches bring (see the module's text)."""
+    gold = {str(p["pid"]): hit for p, hit in zip(chain.paragraphs, gold_hits(chain))}
+    out: list[Hit] = []
+    seen: set[str] = set()
+
+    def add(hit: Hit) -> None:
+        if pid_of(hit.chunk_id) not in seen:
+            seen.add(pid_of(hit.chunk_id))
+            out.append(hit)
+
+    for hop in chain.hops:
+        if hop.pid is not None and hop.pid in seen:  # in context already: the oracle would not search
+            continue
+        hits = list(retriever.search(hop.query, top_k))
+        if hop.pid in gold:
+            add(gold[hop.pid])
+        for hit in hits:
+            add(hit)
+    for hit in gold.values():  # a paragraph no hop names still belongs to the gold set
+        add(hit)
+    return out
 
 
 def oracle_controller(config: RunConfig, generator: Any, retriever: Any, gold: Mapping[str, GoldChain]):

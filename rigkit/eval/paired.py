@@ -10,6 +10,13 @@ discordant pairs); on F1 or support recall it is the sign test of the same form.
 runs a question's value is its mean over runs. Questions where either system has no value (an
 error, a metric undefined for that answer) are left out of that comparison, and the row says how
 many pairs it rests on.
+
+A percentile bootstrap collapses when few questions differ: at 0 wins / 4 losses every resample
+has a difference <= 0, so its interval excludes 0 almost by construction while the exact McNemar
+p is .125. So on a 0/1 metric with fewer than `FEW_DISCORDANT` discordant pairs the comparison
+also carries Newcombe's interval for a difference of paired proportions (the square-and-add
+Wilson score interval, his method 10: `newcombe_paired`), which stays honest there, and the
+report shows it beside the bootstrap.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from scipy import stats
 from rigkit.eval.aggregate import row_field
 
 __all__ = ["PAIRED_METRICS", "PairedComparison", "Share", "paired_bootstrap", "mcnemar_exact",
-           "compare_systems", "per_question", "wins_losses", "share_interval", "ratio_interval"]
+           "compare_systems", "per_question", "wins_losses", "share_interval", "ratio_interval", "newcombe_paired",
+           "FEW_DISCORDANT"]
 
-PAIRED_METRICS = ("em_short", "cover_em", "f1", "support_recall")
+PAIRED_METRICS = ("em_short", "em_open", "cover_em", "f1", "support_recall")
 RESAMPLES = 10_000
 CONFIDENCE = 0.95
+FEW_DISCORDANT = 10  # below this many discordant pairs, a 0/1 metric also gets Newcombe's interval
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,14 @@ class PairedComparison:
     wins: int  # questions where the system scored higher than the baseline
     losses: int
     p_value: float  # exact two-sided sign test on wins vs losses (McNemar's on a 0/1 metric)
+    # Newcombe's paired-proportion interval, on a 0/1 metric with < FEW_DISCORDANT discordant pairs
+    newcombe: tuple[float, float] | None = None
+
+    def interval_text(self) -> str:
+        """The interval to read: Newcombe's where it was computed, else the bootstrap's."""
+        if self.newcombe is not None:
+            return f"[{self.newcombe[0]:+.3f}, {self.newcombe[1]:+.3f}] (Newcombe)"
+        return f"[{self.low:+.3f}, {self.high:+.3f}]"
 
 
 def paired_bootstrap(system: Sequence[float], baseline: Sequence[float], resamples: int = RESAMPLES,
@@ -109,6 +126,51 @@ def mcnemar_exact(wins: int, losses: int) -> float:
     return float(stats.binomtest(wins, wins + losses, 0.5, alternative="two-sided").pvalue)
 
 
+def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
+    centre = (successes + z * z / 2) / (n + z * z)
+    half = z * np.sqrt(successes * (n - successes) / n + z * z / 4) / (n + z * z)
+    return float(centre - half), float(centre + half)
+
+
+def newcombe_paired(both: int, wins: int, losses: int, neither: int,
+                    confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(difference, low, high) of two paired proportions: Newcombe's (1998) method 10.
+
+    `both`: questions both systems got right; `wins`: only the first; `losses`: only the second;
+    `neither`: both wrong. Each proportion gets its Wilson score interval; the two are combined by
+    square-and-add with the correlation between them (its numerator continuity-corrected)."""
+    n = both + wins + losses + neither
+    if n == 0:
+        raise ValueError("a paired interval needs at least one question")
+    z = float(stats.norm.ppf(1 - (1 - confidence) / 2))
+    first, second = both + wins, both + losses
+    p1, p2 = first / n, second / n
+    l1, u1 = _wilson(first, n, z)
+    l2, u2 = _wilson(second, n, z)
+    phi = 0.0
+    if min(first, n - first, second, n - second) > 0:
+        cross = both * neither - wins * losses
+        numerator = cross - n / 2 if cross > n / 2 else (0.0 if cross >= 0 else cross)
+        phi = numerator / float(np.sqrt(float(first) * (n - first) * second * (n - second)))
+    d = p1 - p2
+    low = d - np.sqrt(max((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2), 0.0))
+    high = d + np.sqrt(max((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1), 0.0))
+    return d, float(low), float(high)
+
+
+def _binary_newcombe(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
+    """Newcombe's interval when every value is 0 or 1 and fewer than FEW_DISCORDANT pairs differ."""
+    if any(v not in (0.0, 1.0) for v in (*a, *b)):
+        return None
+    wins = sum(x > y for x, y in zip(a, b))
+    losses = sum(x < y for x, y in zip(a, b))
+    if wins + losses >= FEW_DISCORDANT:
+        return None
+    both = sum(x == y == 1.0 for x, y in zip(a, b))
+    _, low, high = newcombe_paired(both, wins, losses, len(a) - both - wins - losses)
+    return low, high
+
+
 def per_question(rows: Iterable[dict[str, Any]], metric: str) -> dict[str, dict[str, float]]:
     """system -> question id -> the metric's mean over that question's runs."""
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -144,5 +206,5 @@ def compare_systems(rows: Sequence[dict[str, Any]], baseline: str = "rag",
             difference, low, high = paired_bootstrap(a, b)
             wins, losses = wins_losses(mine, reference)
             out.append(PairedComparison(system, baseline, metric, len(shared), difference, low, high,
-                                        wins, losses, mcnemar_exact(wins, losses)))
+                                        wins, losses, mcnemar_exact(wins, losses), _binary_newcombe(a, b)))
     return out

@@ -28,31 +28,38 @@ from rigkit.eval.aggregate import (
     question_type,
     stage_names,
 )
+from rigkit.eval.answers import answer_kind, with_open_scores
 from rigkit.eval.by_source import source_tables
 from rigkit.eval.decisions import with_type_aware
 from rigkit.eval.loss import COVER_EM_CAUTION, loss_tables
-from rigkit.eval.paired import PairedComparison, compare_systems, per_question, wins_losses
+from rigkit.eval.paired import (
+    FEW_DISCORDANT,
+    PairedComparison,
+    compare_systems,
+    per_question,
+    wins_losses,
+)
 from rigkit.eval.runner import RESULTS_FILE, read_results
 from rigkit.files import atomic_write_text
 
-__all__ = ["META_FILE", "read_meta", "load_run", "load_compared", "report_tables", "markdown_report", "report_figures",
+__all__ = ["META_FILE", "read_meta", "load_run", "load_compared", "split_label", "report_tables", "markdown_report", "report_figures",
            "write_report", "markdown_table", "html_table"]
 
 META_FILE = "meta.json"
 DEFAULT_BASELINE = "rag"  # what the paired comparisons are against
-QUALITY = ("em_short", "f1_short", "em", "f1", "em_extracted", "f1_extracted", "cover_em", "type_aware", "support_recall",
+QUALITY = ("em_short", "f1_short", "em_open", "f1_open", "em", "f1", "em_extracted", "f1_extracted", "cover_em", "type_aware", "support_recall",
            "support_recall_pid", "citation_precision", "all_sentences_supported",
            "sentence_support_share")
 COST = ("retrievals", "trigger_rate", "passages_injected", "tokens_injected", "tokens_prefilled",
         "tokens_reused", "forward_passes", "extra_model_calls", "model_calls", "latency")
 # "better" and "cheaper" read together: the headline figures, then what they cost per question
-HEADLINE = ("em_short", "f1_short", "cover_em", "f1", "support_recall", "retrievals", "model_calls",
+HEADLINE = ("em_short", "f1_short", "em_open", "f1_open", "cover_em", "f1", "support_recall", "retrievals", "model_calls",
             "tokens_prefilled")
 # what the loop's guards did, and the final text's repeated sentences and unfinished endings
 GUARDS = ("fallbacks", "repeats_cut", "query_guard_hits", "trimmed", "unsupported_flagged",
           "grounded_rewrites", "grounded_kept", "repeated_sentences", "ends_mid_sentence", "cut_mid_sentence")
 CLOSED_BOOK = "closed_book"  # the reference of the harm table's first count
-BY_TYPE = ("em_short", "em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
+BY_TYPE = ("em_short", "f1_short", "em_open", "f1_open", "em", "f1", "em_extracted", "cover_em", "type_aware", "support_recall", "retrievals", "latency")
 _LABEL = {key: label for key, label, _ in METRICS}
 _FORMAT = {key: fmt for key, _, fmt in METRICS}
 
@@ -100,6 +107,10 @@ def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dic
             if not same:
                 raise InputError(f"{folder} is not over the same questions as {run_dir}: {key} "
                                  f"{other_meta.get(key)!r} vs {meta.get(key)!r}")
+        if split_label(other_meta) != split_label(meta):
+            raise InputError(f"{folder} used another version of the {meta.get('split')} split than {run_dir} "
+                             f"({split_label(other_meta)} vs {split_label(meta)}): their questions differ, "
+                             "so they cannot be paired; re-run one on the other's split")
         rows += [{**r, "system": f"{r['system']} [{label}]"} for r in other_rows]
         defaults = RunConfig().to_dict()  # a key a run's config lacks is one added since: its default
         compared.append({"dir": str(folder), "label": label, "sessions": other_meta.get("sessions", []),
@@ -108,6 +119,16 @@ def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dic
     if compared:
         meta = {**meta, "compared": compared}
     return meta, rows
+
+
+def split_label(meta: dict[str, Any]) -> str:
+    """Which stored split a run used: "all questions", or "version N (fingerprint)"; a run recorded
+    before splits had versions used version 1, where linked questions could straddle splits."""
+    if meta.get("split", "all") == "all":
+        return "all questions"
+    if meta.get("split_version") is None:
+        return "version 1 (no fingerprint recorded; linked questions could straddle splits)"
+    return f"version {meta['split_version']} ({meta.get('split_fingerprint')})"
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -170,9 +191,12 @@ def _latency_table(groups: list[GroupStats], stages: list[str]) -> Table:
 
 
 def _paired_table(comparisons: list[PairedComparison]) -> Table:
-    header = ["System", "Metric", "Pairs", "Difference", "95% interval", "Wins / losses", "p (exact)"]
+    header = ["System", "Metric", "Pairs", "Difference", "95% interval (bootstrap)",
+              f"95% interval (Newcombe, < {FEW_DISCORDANT} discordant)", "Wins / losses", "p (exact McNemar)"]
     rows = [[c.system, _LABEL[c.metric], str(c.pairs), f"{c.difference:+.3f}",
-             f"[{c.low:+.3f}, {c.high:+.3f}]", f"{c.wins} / {c.losses}", f"{c.p_value:.3g}"]
+             f"[{c.low:+.3f}, {c.high:+.3f}]",
+             "" if c.newcombe is None else f"[{c.newcombe[0]:+.3f}, {c.newcombe[1]:+.3f}]",
+             f"{c.wins} / {c.losses}", f"{c.p_value:.3g}"]
             for c in comparisons]
     return header, rows
 
@@ -185,7 +209,7 @@ def _glance_table(headline: Table, comparisons: list[PairedComparison], baseline
 
     def diff(system: str, metric: str) -> str:
         c = found.get((system, metric))
-        return "" if c is None else f"{c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}]"
+        return "" if c is None else f"{c.difference:+.3f} {c.interval_text()}"
 
     rows = []
     for row in headline[1]:
@@ -247,7 +271,7 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
                   meta: dict[str, Any] | None = None) -> dict[str, Table]:
     """Named tables (quality, cost, paired comparisons, by type, latency) from result lines; with
     `meta`, the where-the-loss-lies tables too (`rigkit.eval.loss`)."""
-    rows = with_type_aware(rows)
+    rows = with_open_scores(with_type_aware(rows))
     groups = aggregate(rows)
     overall = [g for g in groups if g.type == ALL_TYPES]
     typed = [g for g in groups if g.type != ALL_TYPES]
@@ -270,7 +294,8 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
         "sentences, grounded rewrites tried and kept) and the final text's repeats and unfinished endings":
         _metric_table(overall, GUARDS, False),
         # only when the baseline ran beside other systems
-        **({f"Paired against {baseline} (same questions; bootstrap interval, exact sign / McNemar test)":
+        **({f"Paired against {baseline} (same questions; bootstrap interval, Newcombe's below "
+            f"{FEW_DISCORDANT} discordant pairs, exact sign / McNemar test)":
             _paired_table(comparisons),
             f"Against {baseline} at a glance (cost beside quality; paired differences)":
             _glance_table(headline, comparisons, baseline),
@@ -290,14 +315,22 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     questions = len({r["id"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
     runs = len({r["run"] for r in rows})
-    return [
-        f"Data: `{meta.get('qa', '?')}` (split: {meta.get('split', '?')}), {questions} questions, "
-        f"{len(systems)} systems, {runs} run(s), {len(rows)} answers.",
+    open_questions = {r["id"] for r in rows if not r.get("error") and answer_kind(r.get("question", ""), r.get("gold") or []) == "open"}
+    model_line = (
+        "Model: none (every system answers without one)." if model.get("source") == "no model" else
         f"Model: `{model.get('spec', cfg.get('generator', {}).get('model', '?'))}` "
         f"(source: {model.get('source', '?')}), temperature "
         f"{cfg.get('generator', {}).get('temperature', '?')}; index: `{meta.get('index', '?')}`; "
         f"layout: {cfg.get('context', {}).get('layout', '?')}; config: "
-        f"`{meta.get('config_file') or 'defaults'}`.",
+        f"`{meta.get('config_file') or 'defaults'}`.")
+    return [
+        f"Data: `{meta.get('qa', '?')}` (split: {meta.get('split', '?')}, {split_label(meta)}), {questions} questions, "
+        f"{len(systems)} systems, {runs} run(s), {len(rows)} answers.",
+        model_line,
+        f"EM / F1 open: on the {len(open_questions)} of {questions} questions that are open (neither yes/no "
+        "nor one of two options the question names, where EM is near a coin's .5 for any system). "
+        "A system beats another only if it also beats `question_only` (no model: the first option "
+        "named, or yes).",
         "Figures are means over questions; with several runs, ± is the standard deviation of the "
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
         "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
@@ -307,9 +340,19 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
           + (f" {_wall_time(c['sessions'])}" if c.get("sessions") else "")
           for c in meta.get("compared", [])),
         *([_wall_time(meta["sessions"])] if meta.get("sessions") else []),
+        *([_commits(meta["sessions"])] if meta.get("sessions") else []),
         *(["Latencies of compared runs were measured in separate runs: compare them only when the "
            "machine was equally loaded; token counts compare exactly."] if meta.get("compared") else []),
     ]
+
+
+def _commits(sessions: list[dict[str, Any]]) -> str:
+    """The commits whose rules answered, from the sessions (runs before this was recorded: none)."""
+    found = list(dict.fromkeys(s["commit"] for s in sessions if s.get("commit")))
+    if not found:
+        return "Rules from: no commit recorded (answered before runs recorded one)."
+    return "Rules from commit " + ", ".join(f"`{c[:12]}{'+dirty' if c.endswith('+dirty') else ''}`"
+                                            for c in found) + "."
 
 
 def _wall_time(sessions: list[dict[str, Any]]) -> str:
@@ -317,7 +360,7 @@ def _wall_time(sessions: list[dict[str, Any]]) -> str:
     minutes = sum(float(s.get("seconds", 0)) for s in sessions) / 60
     workers = sorted({s.get("workers") for s in sessions if s.get("workers")})
     return (f"Wall time answering: {minutes:.1f} min in {len(sessions)} session(s), "
-            f"{sessions[0].get('started', '?')} to {sessions[-1].get('finished', '?')}, "
+            f"{sessions[0].get('started', '?')} to {sessions[-1].get('finished') or 'unfinished'}, "
             f"{'/'.join(map(str, workers)) or '?'} at once on {sessions[-1].get('cpus', '?')} CPUs.")
 
 

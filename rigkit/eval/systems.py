@@ -7,7 +7,11 @@ Grammar (one name per system, comma-separated on the command line):
     rig[:DECIDER[:QUERY]]  the RIG controller with that decider and query mode
     rig:oracle             ceiling: retrieve when the next hop's gold paragraph is missing, with its
                            gold sub-question as the query (rigkit.eval.oracle; needs the gold data)
+    rig:oracle~norestore   control: rig:oracle with controller.restore off
     rag:gold               ceiling: the gold paragraphs before the question, nothing retrieved
+    rag:gold+distractors   control: rag:gold among the distractors rig:oracle's searches bring
+    question_only, echo    no model at all (rigkit.eval.baselines): the first option the question
+                           names or "yes"; the question itself. The floor a system must clear
     ...@append|@prefix     optional suffix: passage layout for this system (default: --layout)
 
 `answer_closed_book` and `answer_with_passages` are the two baselines without a retrieval loop.
@@ -35,10 +39,11 @@ from rigkit.trace import Hit, RIGResult
 
 __all__ = ["SystemSpec", "System", "parse_system", "parse_systems", "system_config", "build_system",
            "build_systems", "load_parts", "answer_closed_book", "answer_with_passages", "answer_with_gold",
-           "needs_gold"]
+           "needs_gold", "needs_model", "MODEL_FREE"]
 
 LAYOUTS = ("append", "prefix")
-GOLD_KINDS = ("oracle", "gold")
+GOLD_KINDS = ("oracle", "gold", "gold_distractors")
+MODEL_FREE = ("question_only", "echo")  # systems that load neither a generator nor an index
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,12 @@ class SystemSpec:
     """A parsed system name. `name` is the canonical string used as the results key."""
 
     name: str
-    kind: str  # closed_book | rag | rig | oracle | gold (the last two read the gold data)
+    kind: str  # closed_book | rag | rig | oracle | gold (read the gold data) | question_only | echo
     decider: str | None = None
     query_mode: str | None = None
     top_k: int | None = None
     layout: str | None = None  # None = the run's default layout
+    restore: bool = True  # rig:oracle~norestore: controller.restore off
 
 
 @dataclass
@@ -75,12 +81,16 @@ def parse_system(text: str) -> SystemSpec:
     parts = base.split(":")
     kind, args = parts[0].strip().lower(), [p.strip() for p in parts[1:]]
     layout = layout or None
-    if kind == "closed_book" and not args:
-        return SystemSpec(raw, "closed_book", layout=layout)
+    if kind in ("closed_book", *MODEL_FREE) and not args:
+        if kind in MODEL_FREE and layout:
+            raise InputError(f"system {raw!r}: {kind} has no passages to lay out; drop @{layout}")
+        return SystemSpec(raw, kind, layout=layout)
     if kind == "rag" and args == ["gold"]:
         return SystemSpec(raw, "gold", layout=layout)
-    if kind == "rig" and args == ["oracle"]:
-        return SystemSpec(raw, "oracle", layout=layout)
+    if kind == "rag" and args == ["gold+distractors"]:
+        return SystemSpec(raw, "gold_distractors", layout=layout)
+    if kind == "rig" and args in (["oracle"], ["oracle~norestore"]):
+        return SystemSpec(raw, "oracle", layout=layout, restore=args[0] == "oracle")
     if kind == "rag" and len(args) <= 1:
         if args and not (args[0].isdigit() and int(args[0]) > 0):
             raise InputError(f"system {raw!r}: rag takes a positive top_k, e.g. rag:5")
@@ -100,8 +110,8 @@ def parse_system(text: str) -> SystemSpec:
             raise InputError(f"system {raw!r}: {err}") from None
         return SystemSpec(raw, "rig", decider=decider, query_mode=query, layout=layout)
     raise InputError(
-        f"unknown system {raw!r}: use closed_book, rag[:K], rig[:DECIDER[:QUERY_MODE]], rig:oracle "
-        "or rag:gold, "
+        f"unknown system {raw!r}: use closed_book, rag[:K], rig[:DECIDER[:QUERY_MODE]], rig:oracle, "
+        "rig:oracle~norestore, rag:gold, rag:gold+distractors, question_only or echo, "
         "optionally with @append or @prefix"
     )
 
@@ -126,6 +136,8 @@ def system_config(spec: SystemSpec, config: RunConfig, layout: str | None = None
     if spec.top_k is not None:
         config = config.override(retrieval={"top_k": spec.top_k})
     config = config.with_decider(spec.decider)
+    if not spec.restore:
+        config = config.override(controller={"restore": False})
     if spec.query_mode:
         config = config.override(query={"mode": spec.query_mode})
     return config
@@ -174,9 +186,14 @@ def build_system(spec: SystemSpec, config: RunConfig, generator: Any, retriever:
     """Wire one system to the shared generator and retriever (lazy import of rigkit.build).
 
     `gold` (question text -> `rigkit.eval.gold.GoldChain`) is read by the oracle systems only."""
+    cfg = system_config(spec, config, layout)
+    if spec.kind in MODEL_FREE:
+        from rigkit.eval import baselines
+
+        return System(spec, cfg, baselines.answer_question_only if spec.kind == "question_only"
+                      else baselines.answer_echo)
     from rigkit import build
 
-    cfg = system_config(spec, config, layout)
     if spec.kind == "closed_book":
         return System(spec, cfg, lambda q, seed: answer_closed_book(generator, q, _seeded(cfg, seed)))
     if spec.kind in GOLD_KINDS:
@@ -221,6 +238,15 @@ def _gold_system(spec: SystemSpec, cfg: RunConfig, generator: Any, retriever: An
         return System(spec, cfg, lambda q, seed: answer_with_gold(generator, q, gold, _seeded(cfg, seed)))
     if retriever is None:
         raise InputError(f"system {spec.name!r} needs an index (--index or retrieval.index)")
+    if spec.kind == "gold_distractors":
+
+        def gold_distractors(question: str, seed: int) -> RIGResult:
+            hits = oracle.gold_with_distractors(oracle.chain_for(gold, question), retriever, cfg.retrieval.top_k)
+            result = answer_with_passages(generator, question, hits, _seeded(cfg, seed))
+            result.used_retrieval_times = max(result.used_retrieval_times, 1)
+            return result
+
+        return System(spec, cfg, gold_distractors)
     controllers: dict[int, Any] = {}
 
     def rig_oracle(question: str, seed: int) -> RIGResult:
@@ -229,6 +255,11 @@ def _gold_system(spec: SystemSpec, cfg: RunConfig, generator: Any, retriever: An
         return controllers[seed].run(question)
 
     return System(spec, cfg, rig_oracle)
+
+
+def needs_model(specs: Sequence[SystemSpec]) -> bool:
+    """Whether any of `specs` answers with the generator (question_only and echo do not)."""
+    return any(s.kind not in MODEL_FREE for s in specs)
 
 
 def needs_gold(specs: Sequence[SystemSpec]) -> bool:
@@ -242,12 +273,15 @@ def build_systems(specs: list[SystemSpec], config: RunConfig, generator: Any, re
 
 
 def load_parts(cfg: RunConfig, specs: list, generator: Any = None, retriever: Any = None) -> tuple[Any, Any]:
-    """The generator and retriever the systems of `specs` need (those given are kept)."""
+    """The generator and retriever the systems of `specs` need (those given are kept); both None
+    when every system answers without a model."""
     from rigkit.build import build_generator, build_retriever
 
+    if not needs_model(specs):
+        return generator, retriever
     if generator is None:
         generator = build_generator(cfg.generator)  # backend, device, dtype from the config
-    needs_index = any(s.kind != "closed_book" for s in specs)
+    needs_index = any(s.kind not in ("closed_book", *MODEL_FREE) for s in specs)
     if retriever is None and needs_index:
         if cfg.retrieval.index is None and cfg.retrieval.corpus is None and not cfg.retrieval.sources:
             # the retriever would fall back to the demo corpus: wrong passages, silently.
