@@ -63,13 +63,13 @@ _CSS = """
 .rigkit-page td,.rigkit-page th{padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top;text-align:left;}
 .rigkit-page ins{background:#bbf7d0;text-decoration:none;}
 .rigkit-page del{background:#fecaca;}
+.rigkit-page sup{line-height:0;}
 .rigkit-page sup a{text-decoration:none;color:#1d4ed8;}
 .rigkit-page details summary{cursor:pointer;color:#555;}
 .rigkit-page.lecture{font-size:20px;line-height:1.35;}
 .rigkit-page.lecture *{font-size:max(18px,1em)!important;}
 .rigkit-page.lecture .rig-title{font-size:24px!important;}
-.rigkit-page.lecture .rig-stepper{max-height:700px;overflow:hidden;}
-.rigkit-page.lecture .rig-round .rig-cols > div{max-height:520px;overflow:auto;}
+.rigkit-page.lecture .rig-round .rig-cols > div{max-height:540px;overflow:auto;}
 """
 
 
@@ -243,9 +243,10 @@ def run_html(result: RIGResult, lecture: bool = False, marker_tag: Any = "retrie
             f'<div class="rig-nav">{prev}<b class="rig-round-label">Round {i + 1} of {n}</b>{nxt} '
             f'<span class="rig-muted">action {esc(trace.action)} · retrievals so far {trace.retrieval_round}</span></div>'
             f'<div class="rig-cols"><div><div class="rig-box rig-draft">{_draft_html(rounds, i, marker_tag)}</div>'
+            f"</div><div>{_decision_html(trace.decision, trace.query.intent if trace.query else '')}"
+            f"{_query_html(trace, snippet)}"
             + (f'<div class="rig-box rig-answer"><b>Answer</b> {answer_with_citations(result, uid)}</div>' if last else "")
-            + f"</div><div>{_decision_html(trace.decision, trace.query.intent if trace.query else '')}"
-            f"{_query_html(trace, snippet)}{_budget_html(trace)}</div></div></section>")
+            + f"{_budget_html(trace)}</div></div></section>")
     body = (f'<div class="rig-title"><b>Q:</b> {esc(result.question)}</div>{heat_labels}'
             + ("".join(sections) if sections else '<div class="rig-muted">No rounds.</div>'))
     return (f'<div class="rigkit-page{" lecture" if lecture else ""}"><style>{_CSS}{show}</style>'
