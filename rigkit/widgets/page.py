@@ -7,7 +7,9 @@ students, inside an ipywidgets `HTML` widget (which runs no scripts) and in Jupy
 - `run_html(result)`: a round stepper over a saved run (one round shown at a time).
 - `comparison_html(results)`: runs of one question in columns, aligned by round, the final
   answers' word differences against the first run marked (difflib).
-- `page(body, title)`: the whole document; `RIGResult.to_html()` and `rigkit ask --html` use it.
+- `run_page(result)` / `comparison_page(results)`: the whole document (`rigkit ask --html`,
+  `rigkit compare --html`). Not a `RIGResult` method: the trace is the bottom layer and imports
+  no view.
 
 `lecture=True` is for a projector: text of 18 px and more, a stepper that fits 1280x720, the
 decider's evidence and the token budget folded away. Token shading follows CircuitsVis-style
@@ -27,9 +29,10 @@ from typing import Any
 from rigkit.citations import source_label
 from rigkit.text import CITATION
 from rigkit.trace import Decision, RIGResult, RoundTrace, Segment
-from rigkit.widgets.render import DISCARDED_ACTIONS, esc, hit_status, kept_rounds, marker_ranges
+from rigkit.widgets.render import DISCARDED_ACTIONS, esc, hit_status, kept_rounds, marker_ranges, rounded
 
-__all__ = ["run_html", "comparison_html", "page", "threshold_label", "word_diff_html", "rounded"]
+__all__ = ["run_html", "comparison_html", "run_page", "comparison_page", "page", "threshold_label",
+           "word_diff_html", "rounded", "external_references"]
 
 ENTROPY_SCALE = 4.0  # nats at full colour: a token spread evenly over ~55 choices
 _ids = itertools.count()
@@ -73,17 +76,6 @@ _CSS = """
 """
 
 
-def rounded(value: Any, digits: int = 3) -> Any:
-    """JSON-able `value` with floats rounded to `digits` significant digits (evidence for people)."""
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}") if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {k: rounded(v, digits) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [rounded(v, digits) for v in value]
-    return value
-
-
 def threshold_label(decision: Decision) -> str:
     """`0.3 probability`: a decider's threshold in its own unit ("" when it has none)."""
     if decision.threshold is None:
@@ -112,11 +104,14 @@ def _token_html(segment: Segment, i: int, classes: list[str]) -> str:
             f'title="{esc(title)}">{esc(segment.tokens[i])}</span>')
 
 
-def segment_tokens_html(trace: RoundTrace, current: bool, marker_tag: Any = "retrieve") -> str:
-    """One segment's tokens, each with one marking: marker box, triggering span, or heat."""
+def segment_tokens_html(trace: RoundTrace, current: bool, marker_tag: Any = "retrieve",
+                        dashed: bool = True) -> str:
+    """One segment's tokens, each with one marking: marker box, triggering span, or heat.
+    `current`: the round's own segment (its triggering spans shown; dashed unless `dashed=False`)."""
     seg = trace.segment
     discarded = current and trace.action in DISCARDED_ACTIONS
-    wrap = ["rig-segment"] + (["rig-current"] if current else []) + (["rig-discarded"] if discarded else [])
+    wrap = (["rig-segment"] + (["rig-current"] if current and dashed else [])
+            + (["rig-discarded"] if discarded else []))
     if not seg.tokens or "".join(seg.tokens) != seg.text:
         return f'<span class="{" ".join(wrap)}">{esc(seg.text)}</span>'
     markers = marker_ranges(seg.text, marker_tag)
@@ -298,10 +293,12 @@ def comparison_html(results: Mapping[str, RIGResult], lecture: bool = False,
                 continue
             t = r.rounds[i]
             d = t.decision
-            verdict = (f" · searched <q>{esc(t.query.text)}</q>" if t.query is not None else "")
-            cells.append(f'<td class="rig-cell">{segment_tokens_html(t, True, marker_tag)}'
-                         f'<div class="rig-muted">{"retrieve" if d.retrieve else "continue"} '
-                         f"(score {d.score:.2f}){verdict}</div></td>")
+            verdict = ("" if d.decider in ("", "never")  # plain RAG: nothing decided per round
+                       else f'{"retrieve" if d.retrieve else "continue"} (score {d.score:.2f})')
+            if t.query is not None:
+                verdict += f" · searched <q>{esc(t.query.text)}</q>"
+            cells.append(f'<td class="rig-cell">{segment_tokens_html(t, True, marker_tag, dashed=False)}'
+                         f'<div class="rig-muted">{verdict}</div></td>')
         rows.append(f'<tr class="rig-compare-round"><th>Round {i + 1}</th>{"".join(cells)}</tr>')
     base = strip_tags(runs[0].answer)
     answers = [esc(base)] + [word_diff_html(base, strip_tags(r.answer))[1] for r in runs[1:]]
@@ -331,6 +328,17 @@ def page(body: str, title: str = "rigkit run") -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             '<meta name="viewport" content="width=device-width,initial-scale=1">'
             f"<title>{esc(title)}</title></head><body style=\"margin:16px;\">{body}</body></html>\n")
+
+
+def run_page(result: RIGResult, lecture: bool = False) -> str:
+    """`run_html` as a whole HTML document: one file to hand out."""
+    return page(run_html(result, lecture=lecture), title=result.question)
+
+
+def comparison_page(results: Mapping[str, RIGResult], lecture: bool = False) -> str:
+    """`comparison_html` as a whole HTML document."""
+    question = next(iter(results.values())).question if results else "rigkit comparison"
+    return page(comparison_html(results, lecture=lecture), title=question)
 
 
 def external_references(html_text: str) -> list[str]:
