@@ -365,12 +365,6 @@ class RIGResult:
     def from_json(cls, text: str) -> RIGResult:
         return cls.from_dict(json.loads(text))
 
-    def to_html(self, lecture: bool = False) -> str:
-        """This run as one self-contained HTML page, round by round (`rigkit.widgets.page`)."""
-        from rigkit.widgets.page import page, run_html
-
-        return page(run_html(self, lecture=lecture), title=self.question)
-
 
 @dataclass
 class SearchRequest:

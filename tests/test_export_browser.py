@@ -1,6 +1,6 @@
 """The exported HTML pages in headless Chromium, offline, at a projector's 1280x720.
 
-A run page (`RIGResult.to_html`) and a comparison page (`rigkit.widgets.page`) are written from
+A run page (`page.run_page`) and a comparison page (`rigkit.widgets.page`) are written from
 the saved quickstart runs, opened as files with the network off (every non-file request is
 refused and counted), stepped through, and screenshotted to tests/artifacts/. In lecture mode
 the DOM must show no text under 18 px and the stepper must fit the viewport's height.
@@ -84,7 +84,7 @@ def test_run_export_opens_offline_and_steps(offline_page, tmp_path):
     tab, refused = offline_page
     result = _runs("quickstart")["quickstart"]
     target = tmp_path / "run.html"
-    target.write_text(result.to_html(), encoding="utf-8")
+    target.write_text(page.run_page(result), encoding="utf-8")
     tab.goto(target.as_uri())
     n = len(result.rounds)
     label = tab.locator(".rig-round-label:visible")
@@ -104,7 +104,7 @@ def test_lecture_mode_is_readable_and_fits_a_projector(offline_page, tmp_path):
     tab, refused = offline_page
     result = _runs("quickstart")["quickstart"]
     target = tmp_path / "lecture.html"
-    target.write_text(result.to_html(lecture=True), encoding="utf-8")
+    target.write_text(page.run_page(result, lecture=True), encoding="utf-8")
     tab.goto(target.as_uri())
     smallest, where = tab.evaluate(SMALLEST_TEXT)
     assert smallest >= 18, f"{smallest} px text: {where}"

@@ -39,7 +39,7 @@ def hand_run(answer: str, decider: str = "prob", threshold: float = 0.3, unit: s
 
 def test_run_page_is_self_contained_and_shows_every_round():
     result = saved_run()
-    text = result.to_html()
+    text = page.run_page(result)
     assert text.startswith("<!DOCTYPE html>")
     assert page.external_references(text) == []
     assert not re.search(r"<script|<link|@import", text, re.IGNORECASE)

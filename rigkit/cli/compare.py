@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}{how}: {result.answer}")
     if args.html:
         from rigkit.files import atomic_write_text
-        from rigkit.widgets.page import comparison_html, page
+        from rigkit.widgets.page import comparison_page
 
-        atomic_write_text(args.html, page(comparison_html(results, lecture=args.lecture), args.question))
+        atomic_write_text(args.html, comparison_page(results, lecture=args.lecture))
         print(f"wrote {args.html}", file=sys.stderr)
     return 0

@@ -16,6 +16,7 @@ import html
 import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rigkit.citations import source_label
 from rigkit.markers import find_markers
@@ -40,6 +41,7 @@ __all__ = [
     "fmt",
     "kept_rounds",
     "marker_ranges",
+    "rounded",
 ]
 
 # Rounds whose segment did not stay in the answer: it was dropped and written again after
@@ -61,6 +63,18 @@ def fmt(value: float | None, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{value:.{digits}f}"
+
+
+def rounded(value: Any, digits: int = 3) -> Any:
+    """JSON-able `value` with floats rounded to `digits` significant digits (evidence for people)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
 
 
 # --------------------------------------------------------------------------------------- draft
@@ -254,8 +268,6 @@ def decision_html(decision: Decision, shown_intent: str = "") -> str:
     if decision.extra_forward_passes:
         rows.append(f"<b>extra forward passes</b> {decision.extra_forward_passes}")
     if decision.evidence:
-        from rigkit.widgets.page import rounded
-
         text = json.dumps(rounded(decision.evidence), ensure_ascii=False, default=str)
         text = text if len(text) <= 600 else text[:597] + "..."
         rows.append(f'<details class="rig-evidence"><summary><b>evidence</b></summary>'

@@ -31,8 +31,7 @@ class RunComparison(W.HTML):
 
     def to_html(self) -> str:
         """The comparison as a whole HTML document."""
-        question = next(iter(self.results.values())).question
-        return page.page(page.comparison_html(self.results, lecture=self.lecture), title=question)
+        return page.comparison_page(self.results, lecture=self.lecture)
 
     def save(self, path: str | Path) -> Path:
         """Write `to_html()` to `path` atomically."""
