@@ -130,3 +130,17 @@ def test_ask_and_compare_refuse_bad_input_in_one_line(cli, tmp_path):
     assert run.returncode == 2 and "unknown system 'nonsense'" in run.stderr and "Traceback" not in run.stderr
     run = cli("ask", "What?", "--html", str(tmp_path))
     assert run.returncode == 2 and "is a folder" in run.stderr
+
+
+@pytest.mark.slow
+def test_compare_writes_one_offline_page_with_both_systems(cli, tmp_path):
+    out = tmp_path / "compare.html"
+    run = cli("compare", "Can I use Apache-2.0 code in a commercial product?", "--config",
+              "configs/cpu.yaml", "--systems", "rag,rig:entropy", "--set", "generator.max_answer_tokens=32",
+              "--html", str(out), "--lecture")
+    assert run.returncode == 0, run.stderr
+    text = out.read_text(encoding="utf-8")
+    assert page.external_references(text) == []
+    assert '<th class="rig-system">rag' in text and '<th class="rig-system">rig:entropy' in text
+    assert re.search(r"threshold [\d.]+ nats", text)  # entropy at its own default, in its unit
+    assert re.search(r"rig:entropy \[entropy [\d.]+ nats\]: ", run.stdout)

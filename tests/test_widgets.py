@@ -290,6 +290,25 @@ def test_round_stepper_replay_navigation(result):
     assert stepper.rerun_button.disabled and "replay" in stepper.status.value
 
 
+def test_round_stepper_lecture_mode(result):
+    import ipywidgets as W
+
+    from rigkit.widgets import RoundStepper
+
+    result.rounds[0].query.intent = "Apache licence commercial use"  # the decider's intent, as a marker's is
+    stepper = RoundStepper(result, lecture=True)
+    assert "rigkit-lecture" in stepper._dom_classes
+    # the intent is shown once, in the query pane, not again under the decision
+    assert "intents" not in stepper.decision_pane.value
+    assert "Apache licence commercial use" in stepper.query_pane.value
+    assert "max(18px, 1em)" in stepper.children[0].value  # every pane's text at 18 px or more
+    folded = [c for c in stepper.children if isinstance(c, W.Accordion)]
+    assert len(folded) == 1 and folded[0].selected_index is None  # budget and timings folded away
+    stepper.show(1)
+    assert '<details class="rig-evidence">' in stepper.decision_pane.value
+    assert "rigkit-lecture" not in RoundStepper(result)._dom_classes
+
+
 class FakeController:
     """Streams a saved result's rounds one by one, like RIGController.stream."""
 

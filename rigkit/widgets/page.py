@@ -29,7 +29,14 @@ from typing import Any
 from rigkit.citations import source_label
 from rigkit.text import CITATION
 from rigkit.trace import Decision, RIGResult, RoundTrace, Segment
-from rigkit.widgets.render import DISCARDED_ACTIONS, esc, hit_status, kept_rounds, marker_ranges, rounded
+from rigkit.widgets.render import (
+    DISCARDED_ACTIONS,
+    esc,
+    hit_status,
+    kept_rounds,
+    marker_ranges,
+    rounded,
+)
 
 __all__ = ["run_html", "comparison_html", "run_page", "comparison_page", "page", "threshold_label",
            "word_diff_html", "rounded", "external_references"]
