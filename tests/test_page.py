@@ -47,7 +47,7 @@ def test_run_page_is_self_contained_and_shows_every_round():
     for i in range(1, n + 1):
         assert f"Round {i} of {n}" in text
     assert "[[citation:" not in text  # citations are numbered superscripts linked to passages
-    assert re.search(r'<sup class="rig-cite"><a href="#(rig\d+)-p1">\[1\]</a></sup>', text)
+    assert re.search(r'<sup class="rig-cite"><a href="#(rig\d+)-p1" title="[^"]+">\[1\]</a></sup>', text)
     anchor = re.search(r'href="#(rig\d+-p1)"', text).group(1)
     assert f'id="{anchor}"' in text
     assert "threshold 0.3 probability" in text

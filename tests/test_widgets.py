@@ -449,3 +449,14 @@ def test_round_stepper_shows_the_runs_policy_and_each_rounds_action(result):
     assert 'class="rig-policy">continue<' in live.header.value and live.result is None
     result.policy = ""
     assert "rig-policy" not in summary.round_header_html(QUESTION, 0, 4, True, result.rounds)
+
+
+def test_answer_pane_numbers_citations_and_hits_drop_the_repeated_fused_score(result):
+    result.answer = "It allows that. [[citation:apache#0]] Ship the NOTICE file. [[citation:notice#0]]"
+    result.passages = [_hit("apache#0", "Apache License 2.0", 1, 2, 0.032), _hit("notice#0", "NOTICE files", 1, 1, 0.033)]
+    out = summary.answer_html(result)
+    assert "[[citation:" not in out
+    assert re.findall(r'<sup class="rig-cite"><a href="#(rig\d+-p\d)"', out) == [
+        re.search(r'<li id="(rig\d+-p1)"', out).group(1), re.search(r'<li id="(rig\d+-p2)"', out).group(1)]
+    table = render.hits_html(result.passages)
+    assert "<th" in table and ">score<" not in table and ">fused<" not in table

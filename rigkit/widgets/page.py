@@ -39,6 +39,7 @@ from rigkit.widgets.render import (
 )
 
 __all__ = ["run_html", "comparison_html", "run_page", "comparison_page", "page", "threshold_label",
+           "number_citations",
            "word_diff_html", "rounded", "external_references"]
 
 ENTROPY_SCALE = 4.0  # nats at full colour: a token spread evenly over ~55 choices
@@ -201,23 +202,29 @@ def _budget_html(trace: RoundTrace) -> str:
             f"free {b.free} of {b.limit} · this round {trace.tokens_prefilled} tokens pre-filled</details>")
 
 
-def answer_with_citations(result: RIGResult, uid: str) -> str:
-    """The answer with `[[citation:ID]]` as numbered superscripts linked to the passages below."""
+def number_citations(answer_html: str, result: RIGResult, uid: str | None = None) -> tuple[str, str]:
+    """(`answer_html` with each `[[citation:ID]]` as a numbered superscript linked to its passage,
+    the list of those passages). `answer_html` is the escaped answer: the tags survive escaping."""
+    uid = uid or f"rig{next(_ids)}"
     numbers: dict[str, int] = {}
-    out, pos = [], 0
-    for m in CITATION.finditer(result.answer):
-        out.append(esc(result.answer[pos:m.start()].rstrip()))
+
+    def superscript(m: re.Match) -> str:
         n = numbers.setdefault(m.group(1), len(numbers) + 1)
-        out.append(f'<sup class="rig-cite"><a href="#{uid}-p{n}">[{n}]</a></sup>')
-        pos = m.end()
-    out.append(esc(result.answer[pos:]))
+        return f'<sup class="rig-cite"><a href="#{uid}-p{n}" title="{m.group(1)}">[{n}]</a></sup>'
+
+    text = re.sub(r"[ \t]*" + CITATION.pattern, superscript, answer_html, flags=re.IGNORECASE)
     by_id = {h.chunk_id: h for h in result.passages}
     notes = "".join(
         f'<li id="{uid}-p{n}" value="{n}"><b>{esc(source_label(by_id[c]) if c in by_id else c)}</b> '
         f'<span class="rig-muted">{esc(by_id[c].text[:160] + "…" if c in by_id else "")}</span></li>'
         for c, n in numbers.items())
-    return (f'<div class="rig-answer-text">{"".join(out)}</div>'
-            + (f'<ol class="rig-passages" style="margin:4px 0;">{notes}</ol>' if notes else ""))
+    return text, (f'<ol class="rig-passages" style="margin:4px 0;">{notes}</ol>' if notes else "")
+
+
+def answer_with_citations(result: RIGResult, uid: str) -> str:
+    """The answer with `[[citation:ID]]` as numbered superscripts linked to the passages below."""
+    text, notes = number_citations(esc(result.answer), result, uid)
+    return f'<div class="rig-answer-text">{text}</div>{notes}'
 
 
 def _draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: Any) -> str:

@@ -346,10 +346,10 @@ def hits_html(
         return f'<div class="rig-hits" style="{BOX_STYLE}{MUTED_STYLE}">No hits.</div>'
     names = _retriever_names(hits)
     cell = "padding:2px 6px;border-bottom:1px solid #eee;vertical-align:top;"
-    # the fused score only where it tells the hits apart (RRF gives 1/(60+rank): equal ranks, equal scores)
-    scored = len({round(h.score, 4) for h in hits}) > 1
-    fused = "fused" if any(n in ("hybrid", "fused", "rrf") for n in names) else "score"
-    head = ["#", "title / snippet", *names, *([fused] if scored else [])] + (["status"] if show_status else [])
+    # the hit's own score only without retriever columns: with them it repeats the fused column's
+    # RRF score (1/(60 + rank): the same 0.03 for every top hit)
+    scored = not names
+    head = ["#", "title / snippet", *names, *(["score"] if scored else [])] + (["status"] if show_status else [])
     rows = ["<tr>" + "".join(f'<th style="{cell}text-align:left;">{esc(h)}</th>' for h in head) + "</tr>"]
     for i, hit in enumerate(hits, 1):
         snippet = hit.text if len(hit.text) <= snippet_chars else hit.text[:snippet_chars] + "…"
