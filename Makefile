@@ -3,6 +3,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEV     := $(VENV)/.installed-dev
+LAB     := $(VENV)/.installed-lab
 
 .PHONY: setup setup-dev demo test test-fast lab bench bench-quick strip lint clean
 
@@ -42,8 +43,15 @@ test: setup-dev
 test-fast: setup-dev
 	$(BIN)/python -m pytest -q
 
-lab: setup-dev
+# The notebook environment: the base install plus JupyterLab, widgets and pandas; no compile
+# step (the served-model test extras stay in setup-dev). The notebooks replay saved runs by default.
+lab: $(LAB)
 	$(BIN)/jupyter lab notebooks/
+
+$(LAB): $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e '.[lab]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(LAB)
 
 # The benchmark suite (docs/performance.md): every script in full mode, then the table.
 # retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.

@@ -33,7 +33,7 @@ TIERS = (
     ("controller", "run", "callbacks", "answer_checks"),
     ("build", "streaming"),
     ("eval",),
-    ("serve", "widgets", "trigger", "finetune"),
+    ("serve", "widgets", "trigger", "finetune", "classroom"),
     ("cli",),
 )
 TEST_KIT = ("testing",)  # scripted parts for tests: reads the parts' row and below, imported by tests only

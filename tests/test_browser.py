@@ -126,7 +126,7 @@ def test_round_stepper_in_jupyterlab(lab: str):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=setup.CHROMIUM, args=setup.CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 1300})  # the whole stepper above the status bar
         try:
             page.goto(f"{lab}/lab/tree/{NOTEBOOK}?token={TOKEN}", timeout=120_000)
             page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)

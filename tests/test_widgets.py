@@ -106,9 +106,10 @@ def test_draft_highlights_marker_tokens_and_shades_by_probability(result):
     assert "".join(marked).strip() == "&lt;retrieve&gt;Apache licence commercial use&lt;/retrieve&gt;"
     # the first token is outside the marker, and its hover title gives p and entropy
     assert re.search(r'class="rig-token"[^>]*title="p=0\.950 · entropy=0\.05 nats[^"]*">Yes,<', out)
-    # lower probability -> stronger shade
+    # lower probability -> stronger shade; marker tokens carry their box only (one marking each)
     alphas = [float(a) for a in re.findall(r"rgba\(239,68,68,([0-9.]+)\)", out)]
-    assert alphas[0] < alphas[1] and alphas[1] == pytest.approx(0.5 * 0.85, abs=0.01)
+    assert len(alphas) == 4  # Yes, · it · allows · that.
+    assert alphas[0] < alphas[1] and alphas[1] == pytest.approx(0.2 * 0.85, abs=0.01)
 
 
 def test_draft_underlines_triggering_span_and_keeps_earlier_rounds(result):
@@ -289,6 +290,25 @@ def test_round_stepper_replay_navigation(result):
     assert stepper.rerun_button.disabled and "replay" in stepper.status.value
 
 
+def test_round_stepper_lecture_mode(result):
+    import ipywidgets as W
+
+    from rigkit.widgets import RoundStepper
+
+    result.rounds[0].query.intent = "Apache licence commercial use"  # the decider's intent, as a marker's is
+    stepper = RoundStepper(result, lecture=True)
+    assert "rigkit-lecture" in stepper._dom_classes
+    # the intent is shown once, in the query pane, not again under the decision
+    assert "intents" not in stepper.decision_pane.value
+    assert "Apache licence commercial use" in stepper.query_pane.value
+    assert "max(18px, 1em)" in stepper.children[0].value  # every pane's text at 18 px or more
+    folded = [c for c in stepper.children if isinstance(c, W.Accordion)]
+    assert len(folded) == 1 and folded[0].selected_index is None  # budget and timings folded away
+    stepper.show(1)
+    assert '<details class="rig-evidence">' in stepper.decision_pane.value
+    assert "rigkit-lecture" not in RoundStepper(result)._dom_classes
+
+
 class FakeController:
     """Streams a saved result's rounds one by one, like RIGController.stream."""
 
@@ -429,3 +449,14 @@ def test_round_stepper_shows_the_runs_policy_and_each_rounds_action(result):
     assert 'class="rig-policy">continue<' in live.header.value and live.result is None
     result.policy = ""
     assert "rig-policy" not in summary.round_header_html(QUESTION, 0, 4, True, result.rounds)
+
+
+def test_answer_pane_numbers_citations_and_hits_drop_the_repeated_fused_score(result):
+    result.answer = "It allows that. [[citation:apache#0]] Ship the NOTICE file. [[citation:notice#0]]"
+    result.passages = [_hit("apache#0", "Apache License 2.0", 1, 2, 0.032), _hit("notice#0", "NOTICE files", 1, 1, 0.033)]
+    out = summary.answer_html(result)
+    assert "[[citation:" not in out
+    assert re.findall(r'<sup class="rig-cite"><a href="#(rig\d+-p\d)"', out) == [
+        re.search(r'<li id="(rig\d+-p1)"', out).group(1), re.search(r'<li id="(rig\d+-p2)"', out).group(1)]
+    table = render.hits_html(result.passages)
+    assert "<th" in table and ">score<" not in table and ">fused<" not in table

@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_generator_flags(p)
     add_config_options(p)
     p.add_argument("--json", action="store_true", help="print exactly the RIGResult JSON on stdout")
+    p.add_argument("--html", metavar="FILE",
+                   help="also write the run as one self-contained HTML page (no network needed)")
+    p.add_argument("--lecture", action="store_true",
+                   help="with --html: large type for a projector, details folded away")
     p.epilog = ("--marker-protocol implies --decider marker --query-mode marker unless a decider is "
                 "given (by flag, --set or --config)")
     p.set_defaults(func=run)
@@ -32,12 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rigkit.build import build_controller, uses_markers
-    from rigkit.cli import check_index, check_model_path, check_text, run_config
+    from rigkit.cli import check_index, check_model_path, check_out, check_text, run_config
     from rigkit.markers import resolve_protocol
     from rigkit.retrieval.filters import parse_filters
 
     check_text(args.question)
     check_model_path(args.model)
+    if args.html:
+        check_out(args.html, "file")
     config = run_config(args)
     if args.marker_protocol and not args.decider and not uses_markers(config):
         # a tag protocol is the model's own call
@@ -65,6 +71,12 @@ def run(args: argparse.Namespace) -> int:
         print(result.to_json())
     else:
         print(format_result(result), file=out)
+    if args.html:
+        from rigkit.files import atomic_write_text
+        from rigkit.widgets.page import run_page
+
+        atomic_write_text(args.html, run_page(result, lecture=args.lecture))
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Notebook widgets for watching RIG work: RoundStepper, DeciderComparison, RetrievalInspector.
+"""Notebook widgets for watching RIG work: RoundStepper, DeciderComparison, RunComparison,
+RetrievalInspector.
 
 Thin views: they render `RIGResult` / `RoundTrace` / `Hit` data with the pure functions in
 `rigkit.widgets.render` (HTML) and `rigkit.widgets.figures` (plotly), and hold no loop logic.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RoundStepper", "DeciderComparison", "RetrievalInspector", "render", "figures"]
+__all__ = ["RoundStepper", "DeciderComparison", "RunComparison", "RetrievalInspector", "render", "figures",
+           "page"]
 
 _LAZY = {
     "RoundStepper": "rigkit.widgets.stepper",
     "DeciderComparison": "rigkit.widgets.compare",
+    "RunComparison": "rigkit.widgets.side_by_side",
     "RetrievalInspector": "rigkit.widgets.inspector",
 }
 
@@ -31,7 +34,7 @@ def __getattr__(name: str) -> Any:
                 "pip install 'rigkit[notebooks]'"
             ) from exc
         return getattr(module, name)
-    if name in ("render", "figures"):
+    if name in ("render", "figures", "page"):
         import importlib
 
         return importlib.import_module(f"rigkit.widgets.{name}")

@@ -16,6 +16,7 @@ import html
 import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rigkit.citations import source_label
 from rigkit.markers import find_markers
@@ -47,6 +48,9 @@ __all__ = [
     "MUTED_STYLE",
     "esc",
     "fmt",
+    "kept_rounds",
+    "marker_ranges",
+    "rounded",
 ]
 
 _RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf",
@@ -65,10 +69,25 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
+def rounded(value: Any, digits: int = 3) -> Any:
+    """JSON-able `value` with floats rounded to `digits` significant digits (evidence for people)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+
 # --------------------------------------------------------------------------------------- draft
-def _marker_char_ranges(text: str, tag: TagSpec) -> list[tuple[int, int]]:
+def marker_ranges(text: str, tag: TagSpec) -> list[tuple[int, int]]:
     """Character ranges of retrieval markers, tags included (closed, unclosed or cut off)."""
     return [(m.start, m.end) for m in find_markers(text, tag) if m.end > m.start]
+
+
+_marker_char_ranges = marker_ranges
 
 
 def _token_char_offsets(segment: Segment) -> list[tuple[int, int]] | None:
@@ -118,14 +137,16 @@ def segment_html(
     for i, tok in enumerate(segment.tokens):
         prob = probs[i] if i < len(probs) else 1.0
         ent = segment.entropies[i] if i < len(segment.entropies) else float("nan")
+        # one marking per token: a marker box, else a triggering-span underline, else the shade
+        # (none in a discarded segment, which is greyed as a whole)
         classes = ["rig-token"]
-        style = _token_style(prob)
+        style = "" if discarded else _token_style(prob)
         if _overlaps(offsets[i], markers):
             classes.append("rig-marker")
-            style += "border-top:2px solid #2563eb;border-bottom:2px solid #2563eb;color:#1e3a8a;"
-        if i in in_span:
+            style = "border-top:2px solid #2563eb;border-bottom:2px solid #2563eb;color:#1e3a8a;"
+        elif i in in_span:
             classes.append("rig-span")
-            style += "text-decoration:underline 2px #b91c1c;"
+            style = "text-decoration:underline 2px #b91c1c;"
         title = f"p={prob:.3f} · entropy={fmt(ent, 2)} nats · token {i}"
         parts.append(
             f'<span class="{" ".join(classes)}" style="{style}" title="{esc(title)}">'
@@ -156,10 +177,16 @@ def _wrap_segment(body: str, current: bool, discarded: bool) -> str:
     style = "white-space:pre-wrap;"
     if current:
         style += "border-bottom:2px dashed #999;"
-    if discarded:
-        style += "text-decoration:line-through;opacity:0.6;"
+    if discarded:  # greyed, not struck through: its tokens keep their own marking
+        style += "background:#e5e7eb;color:#4b5563;font-style:italic;"
     title = ' title="discarded: regenerated after retrieval"' if discarded else ""
     return f'<span class="{" ".join(classes)}" style="{style}"{title}>{body}</span>'
+
+
+def kept_rounds(rounds: Sequence[RoundTrace], index: int) -> list[int]:
+    """Indices of the rounds before `index` whose segments stand in the draft at round `index`."""
+    # what this round decided counts too: a restore puts the set-aside segment back, a kept rewrite replaces one
+    return [i for i in kept_order([r.kept or Kept.NOTHING for r in rounds[: index + 1]]) if i != index]
 
 
 def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "retrieve") -> str:
@@ -171,9 +198,7 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "
     if not rounds:
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
-    # what this round decided counts too: a restore puts the set-aside segment back, a kept rewrite replaces one
-    kept = [i for i in kept_order([r.kept or Kept.NOTHING for r in rounds[: index + 1]]) if i != index]
-    parts = [segment_html(rounds[i].segment, (), marker_tag) for i in kept]
+    parts = [segment_html(rounds[i].segment, (), marker_tag) for i in kept_rounds(rounds, index)]
     cur = rounds[index]
     parts.append(
         segment_html(
@@ -208,10 +233,12 @@ def _score_bar(score: float, threshold: float | None) -> str:
     return bar + "</span>"
 
 
-def decision_html(decision: Decision) -> str:
+def decision_html(decision: Decision, shown_intent: str = "") -> str:
     """Which decider, score against threshold, verdict, reason, triggering spans, evidence.
 
     The threshold is shown in the decider's unit and, on the score bar, as its cut on the score.
+    Intents equal to `shown_intent` (the query pane's) are not repeated; the evidence is folded
+    away with its numbers rounded.
     """
     cut = score_cut(decision)
     verdict = "retrieve" if decision.retrieve else "no retrieval"
@@ -230,14 +257,16 @@ def decision_html(decision: Decision) -> str:
             f'<q class="rig-trigger">{esc(s.text)}</q> ({fmt(s.score, 2)})' for s in decision.spans
         )
         rows.append(f"<b>triggering span</b> {spans}")
-    if decision.intents:
-        rows.append("<b>intents</b> " + "; ".join(esc(i) for i in decision.intents))
+    intents = [i for i in decision.intents if i.strip() != shown_intent.strip()]
+    if intents:
+        rows.append("<b>intents</b> " + "; ".join(esc(i) for i in intents))
     if decision.extra_forward_passes:
         rows.append(f"<b>extra forward passes</b> {decision.extra_forward_passes}")
     if decision.evidence:
-        text = json.dumps(decision.evidence, ensure_ascii=False, default=str)
-        text = text if len(text) <= 300 else text[:297] + "..."
-        rows.append(f'<b>evidence</b> <code style="font-size:11px;">{esc(text)}</code>')
+        text = json.dumps(rounded(decision.evidence), ensure_ascii=False, default=str)
+        text = text if len(text) <= 600 else text[:597] + "..."
+        rows.append(f'<details class="rig-evidence"><summary><b>evidence</b></summary>'
+                    f'<code style="font-size:12px;">{esc(text)}</code></details>')
     body = "".join(f"<div>{r}</div>" for r in rows)
     return f'<div class="rig-decision" style="{BOX_STYLE}">{body}</div>'
 
@@ -312,7 +341,10 @@ def hits_html(
         return f'<div class="rig-hits" style="{BOX_STYLE}{MUTED_STYLE}">No hits.</div>'
     names = _retriever_names(hits)
     cell = "padding:2px 6px;border-bottom:1px solid #eee;vertical-align:top;"
-    head = ["#", "title / snippet", *names, "score"] + (["status"] if show_status else [])
+    # the hit's own score only without retriever columns: with them it repeats the fused column's
+    # RRF score (1/(60 + rank): the same 0.03 for every top hit)
+    scored = not names
+    head = ["#", "title / snippet", *names, *(["score"] if scored else [])] + (["status"] if show_status else [])
     rows = ["<tr>" + "".join(f'<th style="{cell}text-align:left;">{esc(h)}</th>' for h in head) + "</tr>"]
     for i, hit in enumerate(hits, 1):
         snippet = hit.text if len(hit.text) <= snippet_chars else hit.text[:snippet_chars] + "…"
@@ -333,7 +365,8 @@ def hits_html(
                 f"{'#' + str(rank) if rank is not None else '–'}</span>"
                 f'<br><span style="{MUTED_STYLE}font-size:11px;">{fmt(score)}</span>'
             )
-        cols.append(fmt(hit.score))
+        if scored:
+            cols.append(fmt(hit.score))
         if show_status:
             status = hit_status(hit.chunk_id, injection)
             cols.append(

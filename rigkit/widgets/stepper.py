@@ -30,6 +30,14 @@ __all__ = ["RoundStepper", "ControllerFactory", "decider_names", "config_factory
 
 ControllerFactory = Callable[[str, "float | None"], Any]
 
+# Lecture mode: every pane's text at 18 px or more (the panes' inline 11-13 px sizes overridden),
+# the hit snippets capped so one round fits a 1280x720 projector.
+LECTURE_STYLE = """<style>
+.rigkit-lecture, .rigkit-lecture * {font-size: max(18px, 1em) !important; line-height: 1.35 !important;}
+.rigkit-lecture .rigkit-hits {max-height: 230px; overflow: auto;}
+.rigkit-lecture .rigkit-draft {max-height: 200px; overflow: auto;}
+</style>"""
+
 def decider_names() -> list[str]:
     """Registered decider names (rigkit.deciders.DECIDERS)."""
     from rigkit.deciders import DECIDERS
@@ -68,7 +76,9 @@ class RoundStepper(W.VBox):
         marker_tag: str = "retrieve",
         marker_protocol: str | MarkerProtocol | None = None,
         deciders: Sequence[str] | None = None,
+        lecture: bool = False,
     ):
+        self.lecture = lecture
         self.result = result
         self.question = question if question is not None else (result.question if result else "")
         self.rounds: list[RoundTrace] = list(result.rounds) if result else []
@@ -82,12 +92,17 @@ class RoundStepper(W.VBox):
         self._error: str | None = None  # the last failure, shown in the status line
         self._build_controls(deciders)
         self._build_panes()
+        budget: Any = W.HBox([self.budget_plot, W.VBox([self.budget_pane, self.timings_pane])])
+        if lecture:  # folded away: a projector has room for the draft, the decision and the search
+            budget = W.Accordion([budget], titles=("token budget and timings",), selected_index=None)
         super().__init__(
-            [self.header, self.controls, self.draft_pane, self.writing_pane, W.HBox([self.decision_pane,
-             self.query_pane]), self.hits_pane, W.HBox([self.budget_plot, W.VBox(
-                 [self.budget_pane, self.timings_pane])]), self.answer_pane],
+            ([W.HTML(LECTURE_STYLE)] if lecture else [])
+            + [self.header, self.controls, self.draft_pane, self.writing_pane, W.HBox([self.decision_pane,
+               self.query_pane]), self.hits_pane, budget, self.answer_pane],
         )
         self.add_class("rigkit-stepper")
+        if lecture:
+            self.add_class("rigkit-lecture")
         self._refresh()
 
     # ------------------------------------------------------------------------- constructors
@@ -294,7 +309,8 @@ class RoundStepper(W.VBox):
         trace = self.rounds[self.index]
         self._sync_pickers(trace)
         self.draft_pane.value = render.draft_html(self.rounds, self.index, self.marker_protocol)
-        self.decision_pane.value = render.decision_html(trace.decision)
+        self.decision_pane.value = render.decision_html(
+            trace.decision, trace.query.intent if trace.query is not None else "")
         self.query_pane.value = render.query_html(trace.query, trace.error)
         self.hits_pane.value = render.hits_html(trace.hits, trace.injection)
         self.budget_pane.value = summary.budget_html(trace)

@@ -121,12 +121,16 @@ def answer_html(result: RIGResult | None) -> str:
     """The final clean answer and what it cost; a placeholder while the run is going."""
     if result is None:
         return f'<div class="rig-answer" style="{BOX_STYLE}{MUTED_STYLE}">Answer not finished yet.</div>'
+    from rigkit.widgets.page import number_citations
+
     tok = result.tokens
     flags = " · <b style=\"color:#b45309;\">low confidence</b>" if result.low_confidence else ""
-    cites = f" · citations {esc(', '.join(result.citations))}" if result.citations else ""
+    answer, cited = number_citations(_marked_answer(result), result)  # [[citation:ID]] -> [n]
+    # citations the answer carries no tags for (context.citations off): listed by id
+    cites = f" · citations {esc(', '.join(result.citations))}" if result.citations and not cited else ""
     return (
         f'<div class="rig-answer" style="{BOX_STYLE}"><b>Answer:</b> '
-        f'<span class="rig-answer-text">{_marked_answer(result)}</span>'
+        f'<span class="rig-answer-text">{answer}</span>'
         + (f'<div class="rig-short-answer"><b>{esc(answer_line(result.short_answer, result.question))}</b></div>'
            if result.short_answer else "")
         + (f'<div class="rig-trimmed" style="{MUTED_STYLE}">trimmed to its last whole sentence: '
@@ -134,6 +138,7 @@ def answer_html(result: RIGResult | None) -> str:
         + f'<div style="{MUTED_STYLE}">{len(result.rounds)} rounds · {result.used_retrieval_times} retrievals'
         f" · tokens generated {tok.get('generated', 0)}, pre-filled {tok.get('prefilled', 0)},"
         f" reused {'unknown' if tok.get('reused', 0) is None else tok.get('reused', 0)}{cites}{flags}</div>"
+        + (f'<div style="font-size:12px;">{cited}</div>' if cited else "")
         + "".join(f'<div class="rig-warning" style="color:#b45309;">⚠ {esc(w)}</div>' for w in result.warnings)
         + "</div>"
     )

@@ -1,0 +1,146 @@
+"""The self-contained HTML page of a run and of a comparison, and the classroom replay switch
+(no model: a saved run of the quickstart question, and runs built by hand)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rigkit.classroom import Classroom, replay_forced
+from rigkit.testing import make_segment
+from rigkit.trace import Decision, Hit, Query, RIGResult, RoundTrace
+from rigkit.widgets import page
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "notebooks" / "runs" / "quickstart.json"
+
+
+def saved_run() -> RIGResult:
+    data = json.loads(SAVED.read_text(encoding="utf-8"))
+    return RIGResult.from_dict(data["results"]["quickstart"])
+
+
+def hand_run(answer: str, decider: str = "prob", threshold: float = 0.3, unit: str = "probability",
+             rounds: int = 2) -> RIGResult:
+    hit = Hit("apache#0", "apache", "Apache License 2.0", "The Apache licence allows commercial use.", 0.03,
+              ranks={"bm25": 1, "dense": 2})
+    traces = [RoundTrace(i, make_segment(f"Sentence {i} here.", probs=[0.9, 0.2, 0.8]),
+                         Decision(i == 0, 0.8 if i == 0 else 0.1, "a token below the threshold",
+                                  decider=decider, threshold=threshold, unit=unit,
+                                  evidence={"min_prob": 0.123456789012}, intents=["commercial use"]),
+                         query=Query("apache commercial", "masked", intent="commercial use") if i == 0 else None,
+                         hits=[hit] if i == 0 else [])
+              for i in range(rounds)]
+    return RIGResult("May I use Apache code commercially?", answer, traces, passages=[hit])
+
+
+def test_run_page_is_self_contained_and_shows_every_round():
+    result = saved_run()
+    text = page.run_page(result)
+    assert text.startswith("<!DOCTYPE html>")
+    assert page.external_references(text) == []
+    assert not re.search(r"<script|<link|@import", text, re.IGNORECASE)
+    n = len(result.rounds)
+    for i in range(1, n + 1):
+        assert f"Round {i} of {n}" in text
+    assert "[[citation:" not in text  # citations are numbered superscripts linked to passages
+    assert re.search(r'<sup class="rig-cite"><a href="#(rig\d+)-p1" title="[^"]+">\[1\]</a></sup>', text)
+    anchor = re.search(r'href="#(rig\d+-p1)"', text).group(1)
+    assert f'id="{anchor}"' in text
+    assert "threshold 0.3 probability" in text
+
+
+def test_external_references_finds_a_cdn_script():
+    assert page.external_references('<script src="https://cdn.plot.ly/p.js"></script>') == [
+        "https://cdn.plot.ly/p.js"]
+    assert page.external_references("<style>a{background:url(http://x/y.png)}</style>") == ["http://x/y.png"]
+
+
+def test_lecture_page_folds_evidence_and_budget_and_rounds_numbers():
+    text = page.run_html(hand_run("Yes."), lecture=True)
+    assert 'class="rigkit-page lecture"' in text
+    assert '<details class="rig-evidence">' in text and '<details class="rig-budget">' in text
+    assert "0.123" in text and "0.123456789" not in text
+    # the intent is shown once: the query pane's, not again under the decision
+    first = text.split('rig-round rig-round-0">')[1].split("</section>")[0]
+    assert "intent: commercial use" in first and "intents:" not in first
+
+
+def test_heatmap_toggle_has_both_scales_and_one_marking_per_token():
+    result = hand_run("Yes.")
+    result.rounds[0].decision.spans = [__import__("rigkit.trace", fromlist=["Span"]).Span(1, 2, " 0")]
+    text = page.run_html(result)
+    assert "1 − probability" in text and "nats" in text
+    assert 'rig-scale-p' in text and 'rig-scale-h' in text
+    tokens = re.findall(r'<span class="rig-token([^"]*)"', text)
+    assert tokens and all(len(t.split()) <= 1 for t in tokens)  # marker, span or nothing: never two
+    assert any("rig-span" in t for t in tokens)
+    assert re.search(r'title="p = 0\.20 · entropy = [^"]+ nats"', text)
+
+
+def test_word_diff_marks_only_the_changed_words():
+    left, right = page.word_diff_html("You must include the NOTICE file.", "You must include the LICENSE.")
+    assert left == "You must include the <del>NOTICE file.</del>"
+    assert right == "You must include the <ins>LICENSE.</ins>"
+
+
+def test_comparison_aligns_rounds_and_shows_each_deciders_threshold_in_its_unit():
+    runs = {"rig:prob": hand_run("Yes, with the NOTICE file.", rounds=3),
+            "rig:entropy": hand_run("Yes, with the LICENSE.", decider="entropy", threshold=1.5, unit="nats")}
+    text = page.page(page.comparison_html(runs, lecture=True))
+    assert page.external_references(text) == []
+    assert len(re.findall(r'class="rig-compare-round"', text)) == 3
+    assert "threshold 0.3 probability" in text and "threshold 1.5 nats" in text
+    assert "<del>NOTICE file.</del>" in text and "<ins>LICENSE.</ins>" in text
+    assert text.count('<td class="rig-muted">–</td>') == 1  # entropy's run had no third round
+
+
+def test_threshold_label():
+    assert page.threshold_label(Decision(True, 1, "", threshold=24, unit="tokens")) == "24 tokens"
+    assert page.threshold_label(Decision(True, 1, "")) == ""
+
+
+def test_classroom_replays_saved_runs_and_the_environment_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("RIGKIT_REPLAY", "1")
+    assert replay_forced() is True
+    room = Classroom(replay=False, folder=SAVED.parent)
+    assert room.replay
+    assert room.live(lambda: pytest.fail("replay must not build a model")) is None
+    result = room.run("quickstart", lambda: pytest.fail("replay must not run the model"))
+    assert result.question.startswith("Can I use code under the Apache-2.0")
+    with pytest.raises(FileNotFoundError, match="python -m rigkit.classroom record nothing"):
+        Classroom(folder=tmp_path).run("nothing", lambda: None)
+    monkeypatch.setenv("RIGKIT_REPLAY", "0")
+    live = Classroom(replay=True)
+    assert not live.replay and live.run("x", lambda: hand_run("Yes.")).answer == "Yes."
+
+
+def test_every_saved_run_loads():
+    for path in sorted(SAVED.parent.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for result in data["results"].values():
+            assert RIGResult.from_dict(result).rounds, path.name
+
+
+def test_ask_and_compare_refuse_bad_input_in_one_line(cli, tmp_path):
+    run = cli("compare", "What?", "--systems", "rag,nonsense")
+    assert run.returncode == 2 and "unknown system 'nonsense'" in run.stderr and "Traceback" not in run.stderr
+    run = cli("ask", "What?", "--html", str(tmp_path))
+    assert run.returncode == 2 and "is a folder" in run.stderr
+
+
+@pytest.mark.slow
+def test_compare_writes_one_offline_page_with_both_systems(cli, tmp_path):
+    out = tmp_path / "compare.html"
+    run = cli("compare", "Can I use Apache-2.0 code in a commercial product?", "--config",
+              "configs/cpu.yaml", "--systems", "rag,rig:entropy", "--set", "generator.max_answer_tokens=32",
+              "--html", str(out), "--lecture")
+    assert run.returncode == 0, run.stderr
+    text = out.read_text(encoding="utf-8")
+    assert page.external_references(text) == []
+    assert '<th class="rig-system">rag' in text and '<th class="rig-system">rig:entropy' in text
+    assert re.search(r"threshold [\d.]+ nats", text)  # entropy at its own default, in its unit
+    assert re.search(r"rig:entropy \[entropy [\d.]+ nats\]: ", run.stdout)
