@@ -26,7 +26,7 @@ BENCH = ROOT / "bench"
 TIERS = (
     ("trace", "config", "text", "transcript", "prompts", "markers", "datasets", "files", "errors"),
     ("http", "readers", "corpus", "embeddings", "citations", "grounding", "compression", "guards",
-     "short_answer"),
+     "short_answer", "models"),
     ("generation",),
     ("deciders", "queries", "context", "retrieval"),
     ("controller", "callbacks", "answer_checks"),
