@@ -126,15 +126,16 @@ def _check_demo_answer(result: dict) -> None:
 
 
 def test_the_0_5b_answers_the_demo_question_in_process(qwen_gguf, demo_retriever):
-    from rigkit.build import build_controller
+    """With its own CPU profile: int8 Linear weights over the float32 copy converted once."""
+    from rigkit.build import build_controller, build_generator
     from rigkit.config import load_config
-    from rigkit.generation.loading import load_generator
 
-    config = load_config(CPU, decider={"name": "prob"}, generator={"model": NAME})
-    generator = load_generator(NAME)
+    config = load_config(ROOT / "configs" / "qwen0.5b.yaml")
+    generator = build_generator(config.generator)
     result = json.loads(build_controller(config, generator, demo_retriever).run(DEMO).to_json())
     _check_demo_answer(result)
     assert "third-party packaging of Qwen/Qwen2.5-Coder-0.5B-Instruct" in result["model"]["source"]
+    assert "int8" in result["model"]["source"]
     assert generator.eos_token_ids[:2] == generator.tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
 
 
