@@ -79,7 +79,8 @@ def _llama_rate(gguf: Path, text: str, n: int, threads: int) -> dict:
     without_repacking()  # llama.cpp's AMX repacking crashes on this CPU (see rigkit.models.llama_server)
     llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, verbose=False)
     times = [time.perf_counter()
-             for _ in llm.create_completion(text, max_tokens=n, temperature=0.0, stream=True)]
+             for chunk in llm.create_completion(text, max_tokens=n, temperature=0.0, stream=True)
+             if chunk["choices"][0].get("finish_reason") is None]  # the closing chunk carries no token
     return _rate(times)
 
 
@@ -119,6 +120,8 @@ def _agreement(fp32, int8, limit: int) -> dict:
     """fp32 and int8 greedy answers to the first `limit` MuSiQue test questions, gold paragraphs first."""
     import torch
 
+    from rigkit.eval.answers import cover_match
+
     split = set(json.loads((ROOT / "data" / "musique" / "splits.json").read_text())["test"])
     records = [json.loads(line) for line in (ROOT / "data" / "musique" / "qa.jsonl").read_text().splitlines()
                if line.strip()]
@@ -137,11 +140,18 @@ def _agreement(fp32, int8, limit: int) -> dict:
                                          pad_token_id=gen.tokenizer.eos_token_id)
             answers.append(gen.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip())
         same += answers[0] == answers[1]
-        rows.append({"id": r["id"], "gold": r["answer"], "fp32": answers[0], "int8": answers[1]})
+        golds = [r["answer"], *r.get("answer_aliases", [])]
+        covers = [cover_match(a, golds) for a in answers]
+        rows.append({"id": r["id"], "gold": r["answer"], "fp32": answers[0], "int8": answers[1],
+                     "cover_fp32": covers[0], "cover_int8": covers[1]})
         print(f"{r['id']}: {'same' if answers[0] == answers[1] else 'DIFFERENT'} | fp32 {answers[0][:60]!r} "
               f"| int8 {answers[1][:60]!r}")
-    print(f"int8 answers identical to fp32: {same}/{len(questions)}")
-    return {"questions": len(questions), "identical": same, "answers": rows}
+    cover = {way: sum(row[f"cover_{way}"] for row in rows) for way in ("fp32", "int8")}
+    only = {way: sum(row[f"cover_{way}"] > row[f"cover_{other}"] for row in rows)
+            for way, other in (("fp32", "int8"), ("int8", "fp32"))}
+    print(f"int8 answers identical to fp32: {same}/{len(questions)}; gold answer covered: fp32 "
+          f"{cover['fp32']:g}, int8 {cover['int8']:g} (only fp32 {only['fp32']}, only int8 {only['int8']})")
+    return {"questions": len(questions), "identical": same, "covered": cover, "only": only, "answers": rows}
 
 
 if __name__ == "__main__":
