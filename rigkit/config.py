@@ -71,6 +71,7 @@ class GeneratorConfig:
     # in-process placement (backend hf)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps (auto: cuda, then mps, then cpu)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: float32 on cpu, bf16 on cuda)
+    quantize: str = "none"  # none | int8 (the Linear layers' weights as int8, torch dynamic quantisation; cpu only)
     device_map: str | None = None  # e.g. "auto" to shard a model larger than one GPU
     attn_implementation: str = "sdpa"  # eager is switched on only for the attention pass
     trust_remote_code: bool = False  # run a hub model's own Python code (only if you trust it)

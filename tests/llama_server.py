@@ -1,9 +1,7 @@
 """llama.cpp's OpenAI-compatible server (llama-cpp-python's `llama_cpp.server`) for the tests.
 
-`python -m tests.llama_server <llama_cpp.server arguments>` runs the server's own `main()` with
-one model parameter changed: `use_extra_bufts` off. With it on (llama.cpp's default), weights are
-repacked for the CPU's AMX units where the CPU has them, and on such CPUs llama-cpp-python 0.3.36
-crashes (segmentation fault in `llama_decode`) on the first prompt longer than one token.
+`python -m tests.llama_server <llama_cpp.server arguments>` runs `rigkit.models.llama_server`:
+the server's own `main()` with weight repacking for AMX off (it crashes on AMX CPUs).
 `running(gguf, alias, log)` starts it on a free loopback port and yields its `/v1` URL, with
 `--interrupt_requests false`: by default the server ends a streaming reply early (`[DONE]` with no
 finish reason, often before the first word) whenever another request arrives, so concurrent
@@ -49,19 +47,8 @@ def running(gguf: str | Path, alias: str, log: Path, *extra: str) -> Iterator[st
 
 
 def main() -> None:
-    from llama_cpp import llama_cpp as capi
+    from rigkit.models.llama_server import main as serve  # llama.cpp's server, AMX repacking off
 
-    defaults = capi.llama_model_default_params
-
-    def without_repacking():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    capi.llama_model_default_params = without_repacking
-    from llama_cpp.server.__main__ import main as serve
-
-    sys.argv[0] = "llama_cpp.server"
     serve()
 
 

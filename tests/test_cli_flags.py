@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # A new name on a second command fails the walk until it is added with what it means.
 SHARED_MEANINGS = {
     "--config": "the YAML run config", "--set": "one config key", "--out": "where the command writes",
-    "--json": "JSON on stdout", "--qa": "a QA JSONL file", "--limit": "only the first N questions",
+    "--json": "JSON on stdout", "--host": "the address a server binds", "--port": "the port a server listens on", "--qa": "a QA JSONL file", "--limit": "only the first N questions",
     "--split": "a stored split of the data set", "--seed": "the command's random seed",
     "--no-progress": "no progress bar", "--labels": "a labelled trigger set",
     "--features": "the trigger classifier's feature sets", "--classifier": "logreg | mlp",

@@ -14,7 +14,7 @@ __all__ = ["main", "add_config_options", "run_config", "check_config", "check_te
            "check_out", "safe_terminal"]
 
 # Each module adds its sub-commands and sets `func(args) -> int` on its parsers.
-COMMAND_MODULES = ("ask", "compare", "index", "trigger", "evaluate", "markers", "serve", "config")
+COMMAND_MODULES = ("ask", "compare", "index", "trigger", "evaluate", "markers", "serve", "config", "models")
 
 
 class RigkitParser(argparse.ArgumentParser):

@@ -64,6 +64,8 @@ _FLAGS = [
     Flag("--device", "generator.device", "auto|cpu|cuda|cuda:N|mps (in-process)"),
     Flag("--dtype", "generator.dtype", "weights' dtype (in-process)",
          choices=("auto", "float32", "bfloat16", "float16")),
+    Flag("--quantize", "generator.quantize", "in-process on the CPU: int8 weights for the Linear layers "
+         "(faster decode, answers may differ from float32)", choices=("none", "int8")),
     Flag("--device-map", "generator.device_map", "e.g. auto: shard a model over several GPUs (accelerate)"),
     Flag("--attn-implementation", "generator.attn_implementation", "sdpa | eager | flash_attention_2 ..."),
     Flag("--trust-remote-code", None, "run the model repository's own code (only for repositories you trust)",
@@ -115,7 +117,7 @@ FLAGS: dict[str, Flag] = {flag.name: flag for flag in _FLAGS}
 
 # where the model runs: on every command that generates
 GENERATOR = ("--model", "--backend", "--base-url", "--api-key-env", "--tokenizer", "--top-logprobs",
-             "--continuation", "--device", "--dtype", "--device-map", "--attn-implementation", "--trust-remote-code")
+             "--continuation", "--device", "--dtype", "--quantize", "--device-map", "--attn-implementation", "--trust-remote-code")
 
 
 def help_text(flag: Flag) -> str:

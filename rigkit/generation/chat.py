@@ -113,6 +113,8 @@ class ChatGenerator:
     # -- what it says about itself -----------------------------------------------------------
     @property
     def source(self) -> str:
+        from rigkit.models.registry import provenance_note
+
         s = self._server
         if s is None:
             return f"chat {self.base_url} (not asked yet)"
@@ -123,7 +125,8 @@ class ChatGenerator:
             "token counts: estimate from characters corrected by usage")
         return (f"chat {self.base_url} ({s.kind or 'server kind unsaid'}; {scores}; continuation: {way} "
                 f"({s.continuation_note}); {'server stop strings + stop rule' if s.vllm else 'stop rule on the stream'}; "
-                f"{tokens}; cached tokens {'reported' if s.cached_tokens else 'not reported'})")
+                f"{tokens}; cached tokens {'reported' if s.cached_tokens else 'not reported'}"
+                f"{provenance_note(self.spec)})")
 
     @property
     def context_limit(self) -> int:

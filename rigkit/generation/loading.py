@@ -30,6 +30,7 @@ from rigkit.generation.hf import HFGenerator
 if TYPE_CHECKING:
     from rigkit.config import GeneratorConfig
     from rigkit.generation.protocol import Generator
+    from rigkit.models.registry import OfflineModel
 
 __all__ = [
     "load_generator",
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # or cuda:N
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZE = ("none", "int8")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 _LOADED: dict[tuple, HFGenerator] = {}
@@ -110,17 +112,25 @@ def load_generator(
     device_map: str | None = None,
     attn_implementation: str = GeneratorConfig.attn_implementation,
     trust_remote_code: bool = GeneratorConfig.trust_remote_code,
+    quantize: str = GeneratorConfig.quantize,
 ) -> HFGenerator:
     """An `HFGenerator` for `spec`: the default short name, a hub id, or a local path.
 
     The model and tokenizer load once per process per spec and placement; the returned
     generator has its own cache and sampling settings. `device`/`dtype` `auto` pick CUDA
-    (bfloat16), then MPS (float16), then CPU (float32).
+    (bfloat16), then MPS (float16), then CPU (float32). `quantize` int8: the Linear layers' weights
+    as int8 (torch dynamic quantisation, CPU only).
     """
+    if quantize not in QUANTIZE:
+        raise InputError(f"unknown quantize {quantize!r}; choose from {', '.join(QUANTIZE)}")
     place = Placement(device, dtype, device_map, attn_implementation, trust_remote_code).resolve()
-    key = (spec, place)
+    if quantize != "none" and (place.device != "cpu" or place.dtype != "float32"):
+        raise InputError(f"quantize {quantize} runs on the CPU in float32 only (here: {place.device}, {place.dtype})")
+    key = (spec, place, quantize)
     if key not in _LOADED:
         model, tokenizer, source = _load_model(spec, place)
+        if quantize == "int8":
+            model, source = _int8(model), f"{source}; Linear weights int8 (torch dynamic quantisation)"
         _LOADED[key] = HFGenerator(model, tokenizer, spec=spec, source=source)
     shared = _LOADED[key]
     return HFGenerator(
@@ -145,6 +155,7 @@ def generator_from_config(config: GeneratorConfig) -> Generator:
         config.model, use_cache=config.use_cache, temperature=config.temperature, top_p=config.top_p,
         dtype=config.dtype, device=config.device, device_map=config.device_map,
         attn_implementation=config.attn_implementation, trust_remote_code=config.trust_remote_code,
+        quantize=config.quantize,
     )
 
 
@@ -153,6 +164,10 @@ def _load_model(spec: str, place: Placement) -> tuple[Any, Any, str]:
     # means the hub's own full-precision weights: same model, other numbers, so `source` says which.
     if spec.lower() == DEFAULT_MODEL:
         return _load_default(place)
+    from rigkit.models.registry import MODELS
+
+    if spec.lower() in MODELS:
+        return _load_registered(MODELS[spec.lower()], place)
     from rigkit.generation.adapters import (  # BASE+ADAPTER, adapter dir
         adapter_spec,
         load_with_adapter,
@@ -183,7 +198,7 @@ def _load_default(place: Placement) -> tuple[Any, Any, str]:
         return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised (cached)")
     found = gguf_dir()
     if found is not None:
-        _convert_gguf(found, converted)  # once; the saved copy then loads like any folder
+        _convert_gguf(found, GGUF_FILE, converted)  # once; the saved copy then loads like any folder
         return (*_from_pretrained(str(converted), place), "gguf-q4_1-dequantised")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
         try:
@@ -195,22 +210,60 @@ def _load_default(place: Placement) -> tuple[Any, Any, str]:
     )
 
 
+def _load_registered(model: OfflineModel, place: Placement) -> tuple[Any, Any, str]:
+    """An offline model installed with `rigkit models install`: its GGUF converted once and cached."""
+    from rigkit.models.install import check_conversion_resources, converted_dir, installed_path
+
+    converted = converted_dir(model)
+    source = f"{model.name} gguf dequantised; {model.provenance}"
+    if not (converted / "config.json").exists():
+        gguf = installed_path(model)
+        if gguf is None:
+            raise ModelNotFoundError(f"{model.name} is not installed; install it with: {model.install_command}")
+        check_conversion_resources(model, converted)
+        _convert_gguf(gguf.parent, gguf.name, converted)
+    loaded, tokenizer = _from_pretrained(str(converted), place)
+    # The chat's own end tokens: Qwen's GGUF names only <|im_end|>; <|endoftext|> ends a reply too
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in model.stop_tokens]
+    known = [i for i in stops if i is not None and i != tokenizer.unk_token_id]
+    if known:
+        loaded.generation_config.eos_token_id = known
+    return loaded, tokenizer, source
+
+
+def _int8(model: Any) -> Any:
+    """The model with its Linear layers' weights in int8 (per output channel) and activations
+    quantised per call: a decode step reads a quarter of float32's bytes, and on a CPU decode is
+    bound by those bytes."""
+    import warnings
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch marks its quantised tensors deprecated; they still work here
+        warnings.simplefilter("ignore")
+        # one scale per output row: a single scale per matrix changed most greedy answers
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8).eval()
+
+
 def _mps_available() -> bool:
     import torch
 
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
-def _convert_gguf(gguf_dir: Path, target: Path) -> tuple[Any, Any]:
-    """Load the GGUF (slow, ~25 s) and save it once as safetensors (reloads in < 1 s)."""
+def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> tuple[Any, Any]:
+    """Load the GGUF (slow: ~25 s for the default, ~2 min for a 0.5B) and save it once as
+    safetensors (reloads in seconds)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.warning("converting %s once; later loads use %s", GGUF_FILE, target)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
+    log.warning("converting %s once; later loads use %s", gguf_file, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file)
     # A GGUF-loaded model refuses save_pretrained; one built from its config saves fine.
     model = AutoModelForCausalLM.from_config(loaded.config)
     model.load_state_dict(loaded.state_dict())
+    del loaded  # the peak is two float32 copies; one is enough while saving
     # The saved weights are dequantised: a config still naming the GGUF makes other loaders
     # (vLLM) look for GGUF weights that are not there.
     if hasattr(model.config, "quantization_config"):

@@ -152,6 +152,8 @@ class OpenAIGenerator:
     @property
     def source(self) -> str:
         """How this backend produced its numbers, for the result's `model.source`."""
+        from rigkit.models.registry import provenance_note
+
         server = self._server
         prompts = "?" if server is None else "token-id prompts" if self._token_prompts(server) else (
             "text prompts, special-token strings in passages and questions broken up")
@@ -159,7 +161,7 @@ class OpenAIGenerator:
         tags = "; special-token marker tags may be dropped by this server" if self._special_tags_at_risk else ""
         return (
             f"openai-compatible {self.base_url} ({prompts}; {stops}; logprobs top-{self.top_logprobs}; "
-            f"entropy: truncated top-{self.top_logprobs} estimate{tags})"
+            f"entropy: truncated top-{self.top_logprobs} estimate{tags}{provenance_note(self.spec)})"
         )
 
     # -- the Generator protocol ------------------------------------------------------------
@@ -391,6 +393,11 @@ def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_re
         return default_tokenizer()
     from transformers import AutoTokenizer
 
+    from rigkit.models.registry import MODELS
+
+    if name.lower() in MODELS:
+        return _offline_tokenizer(MODELS[name.lower()])
+
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -403,6 +410,23 @@ def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_re
 def _over(texts: list[str], max_tokens: int) -> bool:
     """More tokens than asked for, or more text than they could spell (`MAX_TOKEN_CHARS` each)."""
     return len(texts) > max_tokens or sum(map(len, texts)) > max_tokens * MAX_TOKEN_CHARS
+
+
+def _offline_tokenizer(model: Any) -> Any:
+    """An offline model's tokenizer: its converted copy's, else read from its installed GGUF."""
+    from transformers import AutoTokenizer
+
+    from rigkit.models.install import converted_dir, installed_path
+
+    converted = converted_dir(model)
+    if (converted / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(converted))
+    gguf = installed_path(model)
+    if gguf is None:
+        from rigkit.errors import ModelNotFoundError
+
+        raise ModelNotFoundError(f"{model.name}'s tokenizer is not installed; install it with: {model.install_command}")
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 def _stop_strings(stop: StopRule) -> list[str]:
