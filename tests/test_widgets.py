@@ -429,3 +429,25 @@ def test_round_stepper_shows_the_runs_policy_and_each_rounds_action(result):
     assert 'class="rig-policy">continue<' in live.header.value and live.result is None
     result.policy = ""
     assert "rig-policy" not in summary.round_header_html(QUESTION, 0, 4, True, result.rounds)
+
+
+def test_switching_decider_resets_the_threshold_to_its_default_in_its_unit(result):
+    from rigkit.widgets import RoundStepper
+
+    calls = []
+
+    def factory(name, threshold):
+        calls.append((name, threshold))
+        return FakeController(result)
+
+    stepper = RoundStepper.live(FakeController(result), QUESTION, factory=factory,
+                                deciders=["prob", "entropy", "every_n"])
+    stepper.run_to_end()
+    stepper.show(1)
+    assert stepper.decider_picker.value == "prob" and stepper.threshold_picker.value == "0.4"
+    stepper.decider_picker.value = "entropy"  # 0.4 probability is no entropy threshold
+    assert stepper.threshold_picker.value == "2" and stepper.threshold_picker.description == "threshold (nats)"
+    stepper.rerun_button.click()
+    assert calls == [("entropy", 2.0)]
+    stepper.decider_picker.value = "every_n"
+    assert stepper.threshold_picker.value == "32" and "tokens" in stepper.threshold_picker.description

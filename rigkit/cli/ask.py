@@ -11,9 +11,9 @@ from rigkit.cli import add_config_options
 from rigkit.cli.flags import add_flags, add_generator_flags, add_source_flags
 from rigkit.errors import InputError
 from rigkit.short_answer import answer_line
-from rigkit.trace import Action, RIGResult, RoundTrace
+from rigkit.trace import Action, Decision, RIGResult, RoundTrace
 
-__all__ = ["register", "format_round", "format_result"]
+__all__ = ["register", "decision_scale", "format_round", "format_result"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,14 +108,24 @@ def _reused(value: int | None) -> str:
     return "unknown" if value is None else str(value)
 
 
+def decision_scale(d: Decision) -> str:
+    """Score and cut on one scale, the threshold in the decider's unit beside them: "score=0.55
+    cut=0.70 (threshold 0.3 probability)" reads true where "score=0.55 threshold=0.3" did not."""
+    text = f"score={d.score:.2f}"
+    if d.score_threshold is not None:
+        text += f" cut={d.score_threshold:.2f}"
+    if d.threshold is not None:
+        text += f" (threshold {d.threshold:g}" + (f" {d.unit})" if d.unit else ")")
+    return text
+
+
 def format_round(trace: RoundTrace) -> str:
     """A plain-text block for one round: segment, decision, query, hits, injection, budget."""
     d, b = trace.decision, trace.budget
     lines = [
         f"── round {trace.index} " + "─" * 50,
         f"segment   {trace.segment.text.strip()!r}  ({len(trace.segment.token_ids)} tokens, {trace.segment.finish_reason})",
-        f"decision  {'RETRIEVE' if d.retrieve else 'continue'}  {d.decider} score={d.score:.2f}"
-        + (f" threshold={d.threshold}" if d.threshold is not None else "") + f"  {d.reason}",
+        f"decision  {'RETRIEVE' if d.retrieve else 'continue'}  {d.decider} {decision_scale(d)}  {d.reason}",
     ]
     if trace.query is not None:
         lines.append(f"query     {trace.query.text!r}  (mode {trace.query.mode}, extra model calls {trace.query.llm_calls})")

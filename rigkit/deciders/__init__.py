@@ -38,6 +38,7 @@ __all__ = [
     "TriggerScorer",
     "ClassifierDecider",
     "DECIDERS",
+    "default_threshold",
     "check_decider_name",
     "decider_from_config",
     "compare_deciders",
@@ -96,6 +97,12 @@ DECIDERS: _Registry = _Registry(
         "entity": EntityChecklist,
     }
 )
+
+
+def default_threshold(name: str) -> tuple[float | None, str]:
+    """(default threshold, its unit) that decider `name` declares; (None, "") where it has none."""
+    cls = DECIDERS[check_decider_name(name)]
+    return getattr(cls, "default_threshold", None), getattr(cls, "unit", "")
 
 
 def check_decider_name(name: str) -> str:

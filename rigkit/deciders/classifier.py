@@ -57,6 +57,7 @@ class ClassifierDecider:
     name = "classifier"
     policy = "regenerate"  # a flagged sentence is written again from the passages, as FLARE
     unit = "probability"
+    default_threshold = DEFAULT_THRESHOLD  # a model file's stored cut comes first
 
     def __init__(
         self,
