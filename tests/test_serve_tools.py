@@ -190,3 +190,17 @@ def test_an_expired_conversation_on_chat_is_a_404_and_new_starts_one():
         follow = client.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "Who designed it?"}], "conversation": started["conversation"]})
     assert follow.status_code == 200 and follow.json()["rig"]["conversation"] == started["conversation"]
+
+
+def test_tools_the_decider_cannot_call_are_refused_in_one_line_naming_those_that_can():
+    with local_client(create_app(two_tool_service(), mcp=False)) as client:
+        body = {"messages": [{"role": "user", "content": QUESTION}], "tools": [WEATHER, SEARCH],
+                "options": {"decider": "prob"}}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 422
+        error = r.json()["error"]
+        assert error["param"] == "tools" and "\n" not in error["message"]
+        assert "weather" in error["message"] and '"marker"' in error["message"] and "'prob'" in error["message"]
+        body["tools"] = [SEARCH]  # a search tool works with every decider
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
