@@ -84,6 +84,9 @@ class Segment:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    # per token, top-1 minus top-2 probability (TARG's margin); empty where the backend gives no
+    # second-best token (served models), parallel to `tokens` otherwise
+    margins: list[float] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (sentence or marker end), "end_of_turn", "length"
     tokens_prefilled: int = 0  # prompt tokens this call had to run through the model
     tokens_reused: int | None = 0  # prompt tokens served from the KV cache; None: the server did not say

@@ -26,6 +26,7 @@ from rigkit.deciders.entities import EntityChecklist
 from rigkit.deciders.entropy import EntropyDecider
 from rigkit.deciders.keyword import KeywordDecider
 from rigkit.deciders.marker import MarkerDecider
+from rigkit.deciders.margin import MarginDecider
 from rigkit.deciders.probability import ProbabilityDecider
 from rigkit.errors import InputError
 
@@ -51,6 +52,7 @@ __all__ = [
     "KeywordDecider",
     "MarkerDecider",
     "ProbabilityDecider",
+    "MarginDecider",
 ]
 
 
@@ -95,6 +97,7 @@ DECIDERS: _Registry = _Registry(
         "every_n": EveryNTokens,
         "never": NeverRetrieve,
         "entity": EntityChecklist,
+        "margin": MarginDecider,
     }
 )
 

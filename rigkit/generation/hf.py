@@ -325,12 +325,14 @@ class HFGenerator:
         logprobs = all_lp[:keep]  # (keep, vocab)
         token_lp = token_lp[:keep]
         entropy = -(logprobs.exp() * logprobs).nan_to_num().sum(-1)  # (keep,); 0*log0 -> 0
+        top2 = logprobs.exp().topk(2, dim=-1).values  # (keep, 2)
         return Segment(
             text="".join(texts[:keep]),
             tokens=texts[:keep],
             token_ids=new_ids[:keep],
             logprobs=token_lp.tolist(),
             entropies=entropy.tolist(),
+            margins=(top2[:, 0] - top2[:, 1]).tolist(),
             finish_reason=finish,
         )
 
