@@ -18,7 +18,7 @@ from rigkit.generation.protocol import Generator
 from rigkit.guards import first_repeat, ngram_overlap, phrase_loop_at, whole_sentences
 from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
 from rigkit.text import content_words, split_sentences
-from rigkit.trace import Action, RoundTrace, Segment
+from rigkit.trace import Action, RoundTrace, Segment, set_aside_round
 
 __all__ = ["AnswerChecks", "kept_segment", "segment_prefix"]
 
@@ -45,11 +45,13 @@ class AnswerChecks:
         accepted = split_sentences(self._clean(self.context.draft))
         if accepted and ngram_overlap(rewrite.text, accepted) >= self.config.repeat_overlap:
             return "the rewrite repeats accepted text"
-        flagged = content_words(" ".join(s.text for s in rounds[-1].decision.spans))
+        at = set_aside_round(rounds, len(rounds))  # past a go-on turn
+        flagged_round = rounds[at if at is not None else -1]
+        flagged = content_words(" ".join(s.text for s in flagged_round.decision.spans))
         words = content_words(rewrite.text)
         if not flagged or flagged & words:
             return ""
-        added = set(rounds[-1].injection.added if rounds[-1].injection else ())
+        added = set(flagged_round.injection.added if flagged_round.injection else ())
         for hit in (h for h in self.context.passages if h.chunk_id in added):
             shared = len(words & content_words(f"{hit.title} {hit.text}"))
             if shared >= 2 and shared >= 0.5 * len(words):
@@ -126,8 +128,8 @@ def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
         return last.segment
     if last.action is Action.GROUND:  # the rewrite replaced the previous one, or was dropped
         return None if last.fallback else last.segment
-    if last.action in (Action.RESTORE, Action.FALLBACK) and len(rounds) > 1:
-        return rounds[-2].segment
+    if last.action in (Action.RESTORE, Action.FALLBACK) and (i := set_aside_round(rounds, len(rounds) - 1)) is not None:
+        return rounds[i].segment
     return None
 
 

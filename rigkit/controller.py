@@ -43,6 +43,7 @@ from rigkit.trace import (
     RunState,
     SearchRequest,
     Segment,
+    set_aside_round,
 )
 from rigkit.transcript import Piece, StopRule
 
@@ -147,7 +148,7 @@ class RIGController(AnswerChecks):
         trace = RoundTrace(index=len(run.rounds), segment=segment, decision=decision, timings=timings,
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused)
         if run.pending is not None and segment.finished and not segment.text.strip():
-            self._restore(run, trace)
+            self._go_on(run, trace) if not self.context.nudged else self._restore(run, trace)
         elif run.pending is not None and (fault := self._rewrite_fault(run.rounds, segment)):
             self._fallback(run, trace, fault)
         elif (repeat := self._repeat_at(segment)) is not None:
@@ -208,7 +209,8 @@ class RIGController(AnswerChecks):
 
     def _end_round(self, run: Run, trace: RoundTrace) -> RoundTrace:
         """The round's record completed and told to the observers; whether another follows."""
-        run.pending = trace.segment if trace.action is Action.REGENERATE else None
+        run.pending = (trace.segment if trace.action is Action.REGENERATE
+                       else run.pending if trace.action is Action.GO_ON else None)
         self._check_support([*run.rounds, trace])
         self._record_context(run, trace)
         run.rounds.append(trace)
@@ -245,17 +247,28 @@ class RIGController(AnswerChecks):
             state.last_query, state.last_hits = last.query, list(last.hits)
         return state
 
-    def _restore(self, run: Run, trace: RoundTrace) -> None:
-        """The rewrite after the passages came back empty at end of turn: keep the set-aside one.
+    def _go_on(self, run: Run, trace: RoundTrace) -> None:
+        """The rewrite came back empty at end of turn: small models often end the turn right
+        after the passages. Ask once, in a turn of its own, to go on from them; the set-aside
+        segment waits (restored only if this comes back empty too)."""
+        run._go_on()
+        trace.action = Action.GO_ON
+        trace.guards.append("empty rewrite: asked to go on from the passages")
 
-        Small models sometimes end the turn right after the passages; rather than lose the
-        sentence, keep the flagged one and let the model go on from it.
-        """
+    def _restore(self, run: Run, trace: RoundTrace) -> None:
+        """Asked to go on, the model still wrote nothing: keep the set-aside segment rather than
+        lose the sentence, and let the model go on from it."""
         assert run.pending is not None
         run._accept(run.pending)
         run.generated += len(run.pending.token_ids)
         run.done = run.pending.finished
         trace.action = Action.RESTORE
+        trace.unused = self._unused(run, "the rewrite came back empty twice: the sentence written before it is kept")
+
+    def _unused(self, run: Run, why: str) -> dict[str, str]:
+        """The passages of the last retrieval that no kept text was written from, each with `why`."""
+        last = next((r for r in reversed(run.rounds) if r.injection is not None and r.injection.added), None)
+        return dict.fromkeys(last.injection.added, why) if last is not None else {}
 
     def _fallback(self, run: Run, trace: RoundTrace, reason: str) -> None:
         """Keep the set-aside segment after the passages it was flagged for; drop the rewrite."""
@@ -265,6 +278,7 @@ class RIGController(AnswerChecks):
         run.generated += len(run.pending.token_ids) - len(trace.segment.token_ids)
         run.done = run.pending.finished
         trace.action, trace.fallback = Action.FALLBACK, reason
+        trace.unused = self._unused(run, f"{reason}: the sentence written before it is kept")
 
     def _cut_repeat(self, run: Run, trace: RoundTrace, cut: int, kind: str = "repeat") -> None:
         """Keep the segment up to where it repeats the answer, and end the answer there."""
@@ -487,6 +501,8 @@ class Run:
                 run._inject(op.hits)
             elif op.op == "replace" and op.segment is not None:
                 run._replace_last(op.segment)
+            elif op.op == "go_on":
+                run._go_on()
         run.rounds, run.pending, run.evicted = list(state.rounds), state.pending, list(state.evicted)
         for name, value in state.counters.items():
             setattr(run, name, value)
@@ -522,6 +538,10 @@ class Run:
         self.log.append(ContextOp("replace", segment=segment))
         self.controller.context.replace_last(segment)
 
+    def _go_on(self) -> None:
+        self.log.append(ContextOp("go_on"))
+        self.controller.context.go_on()
+
 
 def _as_hit(hit: Hit | str, request: SearchRequest, i: int) -> Hit:
     """A supplied hit; a plain text becomes a passage named after the search it answers."""
@@ -537,7 +557,7 @@ def _goes_on(run: Run, trace: RoundTrace) -> bool:
         return True
     if run.done:
         return False
-    if trace.action in (Action.REGENERATE, Action.RESTORE, Action.FALLBACK):
+    if trace.action in (Action.REGENERATE, Action.GO_ON, Action.RESTORE, Action.FALLBACK):
         return True
     if trace.action is Action.GROUND and trace.fallback:
         return True  # the original stays, and had not ended the answer (else run.done)
@@ -553,8 +573,8 @@ def _accepted_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
     for i, r in enumerate(rounds):
         if r.action in (Action.ACCEPT, Action.CONTINUE, Action.SKIP):
             kept.append(r.segment)
-        elif r.action in (Action.RESTORE, Action.FALLBACK) and i > 0:
-            kept.append(rounds[i - 1].segment)
+        elif r.action in (Action.RESTORE, Action.FALLBACK) and (j := set_aside_round(rounds, i)) is not None:
+            kept.append(rounds[j].segment)
         elif r.action is Action.GROUND and not r.fallback and kept:
             kept[-1] = r.segment
     return kept

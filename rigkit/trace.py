@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 __all__ = [
     "TRACE_VERSION",
     "Action",
+    "set_aside_round",
     "Segment",
     "Span",
     "Decision",
@@ -56,7 +58,10 @@ class Action(str, Enum):
     CONTINUE = "continue"  # kept, and the retrieved passages follow it
     REGENERATE = "regenerate"  # set aside and written again after the passages (FLARE-style)
     SKIP = "skip"  # the decider fired but no retrieval round or answer token was left: kept
-    RESTORE = "restore"  # the rewrite came back empty at end of turn: the set-aside segment is kept
+    # the rewrite came back empty at end of turn: the model is asked, in a turn of its own, to go
+    # on from the passages; the set-aside segment still waits
+    GO_ON = "go_on"
+    RESTORE = "restore"  # the rewrite came back empty at end of turn even so: the set-aside segment is kept
     # the rewrite repeated accepted text or lost the flagged claim: the set-aside segment is kept,
     # now with the passages before it as its evidence, and the rewrite is dropped
     FALLBACK = "fallback"
@@ -269,6 +274,9 @@ class RoundTrace:
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     retrieval_round: int = 0  # how many retrievals had happened after this round
     fallback: str = ""  # why a rewrite was dropped for the segment it was to replace (action fallback or ground)
+    # passages retrieved for the set-aside segment that no kept text was written from (action
+    # restore or fallback): chunk id -> why
+    unused: dict[str, str] = field(default_factory=dict)
     guards: list[str] = field(default_factory=list)  # loop guards that fired: "<guard>: <detail>"
     # sentences of the kept segment no passage it could see supports (cosine < the threshold)
     unsupported: list[str] = field(default_factory=list)
@@ -388,8 +396,9 @@ class SearchRequest:
 @dataclass
 class ContextOp:
     """One change a run made to its context: `fit` (room for `reserve` tokens), `accept` a segment,
-    `inject` hits, `replace` the last accepted segment with `segment` (a grounded rewrite). A saved
-    run's context is rebuilt by doing them again, in order."""
+    `inject` hits, `replace` the last accepted segment with `segment` (a grounded rewrite), `go_on`
+    (a turn asking the model to go on from the passages). A saved run's context is rebuilt by
+    doing them again, in order."""
 
     op: str
     reserve: int = 0
@@ -450,3 +459,12 @@ def round_from_dict(data: dict[str, Any]) -> RoundTrace:
     data["budget"] = TokenBudget(**data.get("budget", {}))
     data["action"] = Action(data.get("action", Action.ACCEPT))
     return RoundTrace(**data)
+
+
+def set_aside_round(rounds: Sequence[RoundTrace], end: int) -> int | None:
+    """Index of the round whose segment was set aside for a rewrite, as seen from round `end`
+    (a restore, fallback or go-on): the last `regenerate` before it, past any `go_on`."""
+    i = end - 1
+    while i >= 0 and rounds[i].action is Action.GO_ON:
+        i -= 1
+    return i if i >= 0 and rounds[i].action is Action.REGENERATE else None

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from rigkit.citations import source_label
 from rigkit.markers import find_markers
 from rigkit.markers.parsing import TagSpec  # a word tag or a whole MarkerProtocol
-from rigkit.trace import Action, Decision, Hit, Injection, Query, RoundTrace, Segment, Span
+from rigkit.trace import Action, Decision, Hit, Injection, Query, RoundTrace, Segment, Span, set_aside_round
 from rigkit.widgets.figures import score_cut  # pure; plotly is imported only inside figures
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
 # Rounds whose segment did not stay in the answer: it was dropped and written again after
 # retrieval (FLARE-style "regenerate"). "skip" (no retrieval rounds left) keeps its segment.
 # segments that left the answer: set aside for a rewrite, a rewrite dropped for the flagged one, a repeat
-DISCARDED_ACTIONS = frozenset({Action.REGENERATE, Action.FALLBACK, Action.REPEAT})
+DISCARDED_ACTIONS = frozenset({Action.REGENERATE, Action.GO_ON, Action.FALLBACK, Action.REPEAT})
 
 _RETRIEVER_ORDER = ("bm25", "dense", "hybrid", "fused", "rrf",
                     *(f"q{i}" for i in range(1, 10)), "merged")  # sub-queries, then their merge
@@ -173,7 +173,7 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
     # a "restore" or "fallback" round puts the previous round's flagged segment back into the answer
-    restored = {i - 1 for i in range(1, index + 1) if rounds[i].action in (Action.RESTORE, Action.FALLBACK)}
+    restored = {set_aside_round(rounds, i) for i in range(1, index + 1) if rounds[i].action in (Action.RESTORE, Action.FALLBACK)}
     # a kept grounded rewrite takes the previous round's segment out of the answer
     replaced = {i - 1 for i in range(1, index + 1) if rounds[i].action is Action.GROUND and not rounds[i].fallback}
     parts = [
