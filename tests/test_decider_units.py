@@ -1,5 +1,6 @@
-"""One unit on screen: each decider declares its default threshold and unit, and the round log
-prints score and cut on one scale with the threshold in the decider's unit beside them."""
+"""What `rigkit ask` shows: each decider declares its default threshold and unit, the round log
+prints score and cut on one scale with the threshold in the decider's unit beside them, and text
+written after a take-back starts its own line."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def test_a_decider_in_nats_shows_its_cut_on_the_score_scale():
         DecisionState(question="q"))
     assert decision_scale(decision).endswith("cut=0.86 (threshold 2 nats)")
     assert decision.retrieve == (decision.score > decision.score_threshold)
+
+
+def test_text_written_after_a_take_back_starts_its_own_line():
+    import io
+
+    from rigkit.cli.ask import _TokenPrinter
+    from rigkit.streaming import StreamEvent
+
+    out = io.StringIO()
+    printer = _TokenPrinter(out)
+    for event in (StreamEvent("token", "It needs XYZ."), StreamEvent("retract", "It needs XYZ."),
+                  StreamEvent("token", "When you ship it, include NOTICE.")):
+        printer(event)
+    printer.end_line()
+    assert out.getvalue().splitlines() == ["writing   It needs XYZ.  [taken back: 13 characters]",
+                                           "writing   When you ship it, include NOTICE."]

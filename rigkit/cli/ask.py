@@ -85,8 +85,10 @@ class _TokenPrinter:
             self.open = True
         if event.kind == "token":
             print(event.text, end="", file=self.out, flush=True)
-        else:  # a regenerated segment: say what is taken back rather than erase the terminal
-            print(f"  [taken back: {len(event.text)} characters]", end="", file=self.out, flush=True)
+        else:  # a regenerated segment: say what is taken back rather than erase the terminal, and
+            # write what comes next on a line of its own, not glued to the text it replaces
+            print(f"  [taken back: {len(event.text)} characters]", file=self.out, flush=True)
+            self.open = False
 
     def end_line(self) -> None:
         if self.open:
