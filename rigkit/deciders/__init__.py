@@ -25,8 +25,8 @@ from rigkit.deciders.composite import CompositeDecider
 from rigkit.deciders.entities import EntityChecklist
 from rigkit.deciders.entropy import EntropyDecider
 from rigkit.deciders.keyword import KeywordDecider
-from rigkit.deciders.marker import MarkerDecider
 from rigkit.deciders.margin import MarginDecider
+from rigkit.deciders.marker import MarkerDecider
 from rigkit.deciders.probability import ProbabilityDecider
 from rigkit.errors import InputError
 

@@ -20,7 +20,17 @@ from collections.abc import Iterable, Sequence
 from rigkit.citations import source_label
 from rigkit.markers import find_markers
 from rigkit.markers.parsing import TagSpec  # a word tag or a whole MarkerProtocol
-from rigkit.trace import Action, Decision, Hit, Injection, Query, RoundTrace, Segment, Span, set_aside_round
+from rigkit.trace import (
+    Action,
+    Decision,
+    Hit,
+    Injection,
+    Query,
+    RoundTrace,
+    Segment,
+    Span,
+    set_aside_round,
+)
 from rigkit.widgets.figures import score_cut  # pure; plotly is imported only inside figures
 
 __all__ = [
