@@ -40,7 +40,7 @@ class FireOnWord:
 
 
 def controller(generator, decider, retriever=None, max_rounds=3, policy="auto", markers=False, **ctx):
-    context = ContextManager(ContextConfig(**ctx), generator.count_tokens, generator.render_chat, use_markers=markers)
+    context = ContextManager(ContextConfig(**{"layout": "append", **ctx}), generator.count_tokens, generator.render_chat, use_markers=markers)
     return RIGController(
         generator, retriever or DictRetriever({"apache": [APACHE], "mit": [MIT]}, default=[APACHE]),
         decider, build_query_builder(QueryConfig(mode="masked"), generator), context,
