@@ -204,3 +204,13 @@ def test_tools_the_decider_cannot_call_are_refused_in_one_line_naming_those_that
         body["tools"] = [SEARCH]  # a search tool works with every decider
         r = client.post("/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
+
+
+def test_a_chinese_tool_result_is_cut_between_characters_not_emptied():
+    service = two_tool_service()
+    service.generator.count_tokens = len  # one token per character, as CJK text roughly costs
+    service.tool_result_tokens = 30
+    result = "埃菲尔铁塔高三百三十米，位于巴黎战神广场。它由古斯塔夫·埃菲尔的公司设计建造，于一八八九年完工。"
+    capped = service.cap_text(result)
+    assert capped.endswith("… [truncated]") and len(capped) <= 30
+    assert capped.startswith("埃菲尔铁塔高三百三十米") and result.startswith(capped.removesuffix("… [truncated]"))
