@@ -59,3 +59,16 @@ def test_text_written_after_a_take_back_starts_its_own_line():
     printer.end_line()
     assert out.getvalue().splitlines() == ["writing   It needs XYZ.  [taken back: 13 characters]",
                                            "writing   When you ship it, include NOTICE."]
+
+
+def test_the_round_log_names_the_passages_a_fallback_left_unused():
+    from rigkit.cli.ask import format_round
+    from rigkit.trace import Action, Decision, RoundTrace, TokenBudget
+
+    trace = RoundTrace(index=5, segment=make_segment("It allows any use."), decision=Decision(False, 0.1, "fine", decider="prob"),
+                       action=Action.FALLBACK, fallback="the rewrite repeats accepted text",
+                       unused={"demo-apache-notice#0": "the rewrite repeats accepted text: the sentence written before it is kept"},
+                       budget=TokenBudget())
+    lines = format_round(trace).splitlines()
+    assert "fallback  the rewrite repeats accepted text" in lines
+    assert "unused    [demo-apache-notice#0] the rewrite repeats accepted text: the sentence written before it is kept" in lines

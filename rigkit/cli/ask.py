@@ -147,6 +147,7 @@ def format_round(trace: RoundTrace) -> str:
                      + ("dropped" if trace.fallback else "supported, it replaces that segment"))
     if trace.fallback:
         lines.append(f"fallback  {trace.fallback}")
+    lines += [f"unused    [{_safe(cid)}] {_safe(why)}" for cid, why in trace.unused.items()]
     lines += [f"unsupported {_safe(s)!r}" for s in trace.unsupported]
     lines.append(
         f"action    {trace.action}   budget system {b.system} | question {b.question} | passages {b.passages}"
