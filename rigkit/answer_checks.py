@@ -21,7 +21,7 @@ from rigkit.guards import first_repeat, ngram_overlap, phrase_loop_at, whole_sen
 from rigkit.markers import clean_answer
 from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
 from rigkit.text import content_words, split_sentences, strip_citations
-from rigkit.trace import Kept, RoundTrace, Segment, kept_segment
+from rigkit.trace import Kept, RoundTrace, Segment, kept_segment, set_aside_round
 
 __all__ = ["AnswerChecks", "segment_prefix"]
 
@@ -51,11 +51,13 @@ class AnswerChecks:
         accepted = split_sentences(self.clean(self.context.draft))
         if accepted and ngram_overlap(rewrite.text, accepted) >= self.config.repeat_overlap:
             return "the rewrite repeats accepted text"
-        flagged = content_words(" ".join(s.text for s in rounds[-1].decision.spans))
+        at = set_aside_round(rounds, len(rounds))  # past a go-on turn
+        flagged_round = rounds[at if at is not None else -1]
+        flagged = content_words(" ".join(s.text for s in flagged_round.decision.spans))
         words = content_words(rewrite.text)
         if not flagged or flagged & words:
             return ""
-        added = set(rounds[-1].injection.added if rounds[-1].injection else ())
+        added = set(flagged_round.injection.added if flagged_round.injection else ())
         for hit in (h for h in self.context.passages if h.chunk_id in added):
             shared = len(words & content_words(f"{hit.title} {hit.text}"))
             if shared >= 2 and shared >= 0.5 * len(words):
@@ -136,4 +138,5 @@ def segment_prefix(segment: Segment, cut: int) -> Segment | None:
         return None
     return dataclasses.replace(
         segment, text=segment.text[:seen], tokens=segment.tokens[:count], token_ids=segment.token_ids[:count],
-        logprobs=segment.logprobs[:count], entropies=segment.entropies[:count], finish_reason="stop", attention=None)
+        logprobs=segment.logprobs[:count], entropies=segment.entropies[:count], margins=segment.margins[:count],
+        finish_reason="stop", attention=None)

@@ -1,8 +1,9 @@
 """Attribution: which passage, if any, supports each sentence of an answer.
 
-A sentence is attributed to the passage sharing the most content words with it (jieba words for
-Chinese, stop words skipped), provided the passage holds at least `min_shared` of them and at
-least `min_share` of the sentence's content words: a sentence no passage supports gets no
+A sentence is attributed to a passage sharing content words with it (jieba words for Chinese,
+stop words skipped): at least `min_shared` of them and at least `min_share` of the sentence's
+content words; among the passages that pass, the one that entered the context last (the one the
+sentence was written from), then the one sharing most. A sentence no passage supports gets no
 citation. A sentence may only cite a passage that was in context when it was written (`visible`),
 so a passage retrieved a round later cannot vouch for it. Citation tags the model wrote itself
 (or copied from a passage) are removed first: the answer carries only the tags placed here.
@@ -17,7 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from rigkit.text import citation_tag, content_words, has_cjk, sentence_spans, strip_citations
 from rigkit.trace import Attribution, Hit
 
-__all__ = ["attribute", "cite", "written_with", "visible_at", "insert_tags", "source_label"]
+__all__ = ["attribute", "arrival_order", "cite", "written_with", "visible_at", "insert_tags", "source_label"]
 
 
 def source_label(hit: Hit) -> str:
@@ -51,18 +52,34 @@ def attribute(
     """
     text = strip_citations(answer)
     words = {h.chunk_id: content_words(f"{h.title} {h.text}") for h in passages}
+    arrived = arrival_order(passages, visible)
     out = []
     for start, end in sentence_spans(text):
         seen = visible_at(start, visible, words)
         sentence_words = content_words(text[start:end])
         item = Attribution(text[start:end], start, end, visible=seen)
-        best = max(seen, key=lambda cid: len(sentence_words & words[cid]), default=None)
+        shared = {cid: len(sentence_words & words[cid]) for cid in seen}
+        backing = [cid for cid, n in shared.items() if n >= min_shared and n >= min_share * len(sentence_words)]
+        # the newest passage that supports the sentence is the one it was written from: a
+        # sentence written after the NOTICE passage arrived rests on it, not on an older passage
+        # that shares a word more
+        best = max(backing, key=lambda cid: (arrived.get(cid, -1), shared[cid]), default=None)
         if best is not None:
-            shared = len(sentence_words & words[best])
-            if shared >= min_shared and shared >= min_share * len(sentence_words):
-                item.cited, item.shared = best, shared
+            item.cited, item.shared = best, shared[best]
         out.append(item)
     return out
+
+
+def arrival_order(passages: Sequence[Hit], visible: Sequence[tuple[int, Collection[str] | None]]) -> dict[str, int]:
+    """Rank of each chunk id by when it entered the context (0 first): the piece of `visible`
+    where it first shows, then its place there; without `visible`, the order of `passages`."""
+    order: dict[str, int] = {}
+    for _, ids in visible:
+        for cid in ids or ():
+            order.setdefault(cid, len(order))
+    for hit in passages:
+        order.setdefault(hit.chunk_id, len(order))
+    return order
 
 
 def visible_at(

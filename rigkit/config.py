@@ -138,7 +138,7 @@ class DeciderConfig:
 
 @dataclass(frozen=True)
 class QueryConfig:
-    mode: str = "masked"  # marker | masked | rewrite | keywords | attention | multi
+    mode: str = "auto"  # auto (the marker's phrase where the decision has a marker, else masked) | marker | masked | rewrite | keywords | attention | multi
     min_marker_words: int = 2  # marker phrases shorter than this fall back to rewrite
     max_subqueries: int = 3  # multi: searches asked of the model per need, merged by RRF; caps a marker's `a ## b` too
     max_words: int = 30  # rewrite output limit (words, or CJK characters)

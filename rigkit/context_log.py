@@ -35,6 +35,12 @@ class ContextLog:
             self.ops.append(ContextOp("accept", segment=segment))
             self.context.accept(segment)
 
+    def go_on(self, trace: RoundTrace) -> None:
+        """A turn asking the model to go on from the passages; the round keeps nothing yet."""
+        trace.kept = Kept.WAITING
+        self.ops.append(ContextOp("go_on"))
+        self.context.go_on()
+
     def inject(self, hits: Sequence[Hit]) -> Injection:
         self.ops.append(ContextOp("inject", hits=list(hits)))
         return self.context.inject(hits)
@@ -46,6 +52,9 @@ class ContextLog:
                 self.fit(op.reserve)
             elif op.op == "inject":
                 self.inject(op.hits)
+            elif op.op == "go_on":
+                self.ops.append(op)
+                self.context.go_on()
             elif op.op in ("accept", "replace") and op.segment is not None:
                 self.ops.append(op)
                 if op.op == "accept":

@@ -121,6 +121,8 @@ def phrase_loop_at(draft: str, segment: str) -> int | None:
     unfinished = draft.strip() and not _ENDS_SENTENCE.search(draft.rstrip())
     head = draft[starts[-1]:] if unfinished and starts else ""
     text, offset = head + segment, len(head)
+    if (clause := _cjk_clause_again(text, offset)) is not None:
+        return clause
     words = [(m.group(0).lower(), m.start()) for m in _WORD.finditer(text)]
     ends = iter(m.end() for m in SENTENCE_END.finditer(text))  # in order: one pass beside the words
     next_end = next(ends, None)
@@ -141,6 +143,21 @@ def phrase_loop_at(draft: str, segment: str) -> int | None:
         last = places[-_LOOP_TIMES:]
         if len(last) == _LOOP_TIMES and len({b - a for a, b in zip(last, last[1:])}) == 1:
             return max(0, words[last[1]][1] - offset)
+    return None
+
+
+# a Chinese clause of at least five characters written again at once, after a comma or nothing:
+# CJK "words" are single characters, so a repeated unpunctuated clause ("他是一个好演员他是一个好演员")
+# is one sentence with no 4-gram met four times, and passes both other rules
+_CJK_CLAUSE_AGAIN = re.compile(rf"([{CJK}][^。！？.!?\n，,、；;]{{4,60}}?)[，,、；;\s]*\1")
+
+
+def _cjk_clause_again(text: str, offset: int) -> int | None:
+    """Offset in the segment (text[offset:]) where a repeated Chinese clause comes back, else None."""
+    for match in _CJK_CLAUSE_AGAIN.finditer(text):
+        again = match.end() - len(match.group(1))
+        if match.end() > offset and len(re.findall(f"[{CJK}]", match.group(1))) >= 5:
+            return max(0, again - offset)
     return None
 
 

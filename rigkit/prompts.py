@@ -81,6 +81,13 @@ CONTINUE_INSTRUCTION = {
     "zh": "继续回答“{question}”，从你停下的地方接着写，不要重复已写的内容。",
 }
 
+# A rewrite that came back empty (the model ended its turn right after the passages) is asked
+# once more, in its own turn, to write from them: the passages are what the answer was waiting for.
+GO_ON_INSTRUCTION = {
+    "en": 'Go on with your answer to "{question}": write its next sentence from the passages above.',
+    "zh": "请根据上面的资料继续回答“{question}”，写出下一句。",
+}
+
 QUESTION_WITH_PASSAGES = {"en": "Question: {question}", "zh": "问题：{question}"}
 
 _SEP = {"en": " ", "zh": ""}  # between sentences: Chinese is written without spaces

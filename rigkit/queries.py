@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the state's type only: building a query needs no decider
 __all__ = [
     "QueryBuilder",
     "MarkerQuery",
+    "AutoQuery",
     "MaskedQuery",
     "RewriteQuery",
     "KeywordsQuery",
@@ -313,6 +314,24 @@ class MarkerQuery:
         return query
 
 
+class AutoQuery:
+    """The marker's phrase when the decision carries a marker, else the masked sentence: one
+    setting that serves `--decider marker` and every other decider alike."""
+
+    mode = "auto"
+
+    def __init__(self, marker: MarkerQuery, otherwise: QueryBuilder):
+        self.marker, self.otherwise = marker, otherwise
+
+    def build(
+        self, question: str, draft: str, decision: Decision, state: DecisionState | None = None
+    ) -> Query:
+        markers = decision.evidence.get("markers") or []
+        if any(m.get("phrase") for m in markers):
+            return self.marker.build(question, draft, decision, state)
+        return self.otherwise.build(question, draft, decision, state)
+
+
 class KeywordsQuery:
     """Entities / codes / numbers of the flagged spans (else their content words), plus the
     question's key terms; deduplicated, in order, capped at `max_words`."""
@@ -449,6 +468,7 @@ def _marker(config: QueryConfig, generator: Generator | None) -> MarkerQuery:
 
 
 QUERY_BUILDERS: dict[str, QueryBuilderFactory] = {
+    "auto": lambda config, generator: AutoQuery(_marker(config, generator), MaskedQuery(config.include_question)),
     "marker": _marker,
     "masked": lambda config, generator: MaskedQuery(config.include_question),
     "rewrite": lambda config, generator: RewriteQuery(generator, max_words=config.max_words),

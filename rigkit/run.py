@@ -158,8 +158,10 @@ class Run:
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused,
                            kept=Kept.NOTHING)
         if self.pending is not None and segment.finished and not segment.text.strip():
-            if c.config.restore:
-                self._put_back(trace, Action.RESTORE)  # the model ended its turn after the passages
+            if not c.context.nudged:  # the model ended its turn after the passages: ask it to go on once
+                self._go_on(trace)
+            elif c.config.restore:
+                self._put_back(trace, Action.RESTORE)  # empty again: the set-aside segment is kept
             else:  # controller.restore off (the oracle's control): the set-aside segment is dropped, the answer ends
                 self.log.keep(trace, Kept.SEGMENT)
         elif self.pending is not None and (fault := c.checks.rewrite_fault(self.rounds, segment)):
@@ -222,7 +224,8 @@ class Run:
     def _end_round(self, trace: RoundTrace) -> RoundTrace:
         """The round's record completed and told to the observers; whether another follows."""
         c, n = self.controller, self.counters
-        self.pending = trace.segment if trace.action is Action.REGENERATE else None
+        self.pending = (trace.segment if trace.action is Action.REGENERATE
+                        else self.pending if trace.action is Action.GO_ON else None)
         c.checks.check_support([*self.rounds, trace])
         _record_context(self, trace)
         self.rounds.append(trace)
@@ -238,7 +241,7 @@ class Run:
             return True
         if self.counters.done:
             return False
-        if trace.kept in (Kept.NOTHING, Kept.SET_ASIDE):
+        if trace.kept in (Kept.NOTHING, Kept.WAITING, Kept.SET_ASIDE):
             return True  # a rewrite follows, or the set-aside segment had not ended the answer (else done)
         if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
             return True  # passages follow this segment: the model reads them, even after its end of turn
@@ -278,6 +281,21 @@ class Run:
         self.counters.generated += len(self.pending.token_ids) - dropped
         self.counters.done = self.pending.finished
         trace.action, trace.fallback = action, fault
+        why = fault or "the rewrite came back empty twice"
+        trace.unused = self._unused(f"{why}: the sentence written before it is kept")
+
+    def _go_on(self, trace: RoundTrace) -> None:
+        """The rewrite came back empty at end of turn: small models often end the turn right after
+        the passages. Ask once, in a turn of its own, to go on from them; the set-aside segment
+        waits (restored only if this comes back empty too)."""
+        self.log.go_on(trace)
+        trace.action = Action.GO_ON
+        trace.guards.append("empty rewrite: asked to go on from the passages")
+
+    def _unused(self, why: str) -> dict[str, str]:
+        """The passages of the last retrieval that no kept text was written from, each with `why`."""
+        last = next((r for r in reversed(self.rounds) if r.injection is not None and r.injection.added), None)
+        return dict.fromkeys(last.injection.added, why) if last is not None else {}
 
     def _cut_repeat(self, trace: RoundTrace, cut: int, kind: str = "repeat") -> None:
         """Keep the segment up to where it repeats the answer, and end the answer there."""

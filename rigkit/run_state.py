@@ -22,8 +22,9 @@ __all__ = ["RUN_STATE_VERSIONS", "ContextOp", "RunCounters", "RunState"]
 @dataclass
 class ContextOp:
     """One change a run made to its context: `fit` (room for `reserve` tokens), `accept` a segment,
-    `inject` hits, `replace` the last accepted segment with `segment` (a grounded rewrite). A saved
-    run's context is rebuilt by doing them again, in order."""
+    `inject` hits, `replace` the last accepted segment with `segment` (a grounded rewrite), `go_on`
+    (a turn asking the model to go on from the passages). A saved run's context is rebuilt by
+    doing them again, in order."""
 
     op: str
     reserve: int = 0
@@ -91,10 +92,10 @@ class RunState:
             raise RunStateError(f"not a saved run: {err}") from None
         if any(len(turn) != 2 for turn in state.history):
             raise RunStateError("not a saved run: each turn of history is a [question, answer] pair")
-        if any(op.op not in ("fit", "accept", "inject", "replace") or op.op in ("accept", "replace") and op.segment is None
+        if any(op.op not in ("fit", "accept", "inject", "replace", "go_on") or op.op in ("accept", "replace") and op.segment is None
                for op in state.log):
             raise RunStateError("not a saved run: its log holds an operation other than fit, accept (a segment), "
-                                "inject or replace (a segment)")
+                                "inject, replace (a segment) or go_on")
         if (state.request is None) != (state.waiting is None):
             raise RunStateError("not a saved run: a search waited on comes with the round that asked for it")
         return state

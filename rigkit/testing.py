@@ -23,6 +23,7 @@ def make_segment(
     probs: Sequence[float] | None = None,
     finish_reason: str = "stop",
     entropies: Sequence[float] | None = None,
+    margins: Sequence[float] | None = None,
 ) -> Segment:
     """A segment split on whitespace into tokens with the given probabilities (default 0.9)."""
     words = text.split(" ") if text else []
@@ -36,6 +37,7 @@ def make_segment(
         token_ids=list(range(len(tokens))),
         logprobs=[math.log(max(p, 1e-12)) for p in probs],
         entropies=list(entropies) if entropies is not None else [-math.log(max(p, 1e-12)) for p in probs],
+        margins=list(margins) if margins is not None else [max(0.0, 2 * p - 1) for p in probs],  # p1 - the rest, as one rival
         finish_reason=finish_reason,
     )
 

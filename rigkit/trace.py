@@ -22,6 +22,7 @@ __all__ = [
     "TRACE_VERSION",
     "Action",
     "Kept",
+    "set_aside_round",
     "Segment",
     "Span",
     "Decision",
@@ -62,7 +63,10 @@ class Action(str, Enum):
     CONTINUE = "continue"  # kept, and the retrieved passages follow it
     REGENERATE = "regenerate"  # set aside and written again after the passages (FLARE-style)
     SKIP = "skip"  # the decider fired but no retrieval round or answer token was left: kept
-    RESTORE = "restore"  # the rewrite came back empty at end of turn: the set-aside segment is kept
+    # the rewrite came back empty at end of turn: the model is asked, in a turn of its own, to go
+    # on from the passages; the set-aside segment still waits
+    GO_ON = "go_on"
+    RESTORE = "restore"  # the rewrite came back empty at end of turn even so: the set-aside segment is kept
     # the rewrite repeated accepted text or lost the flagged claim: the set-aside segment is kept,
     # now with the passages before it as its evidence, and the rewrite is dropped
     FALLBACK = "fallback"
@@ -88,6 +92,7 @@ class Kept(str, Enum):
     PREFIX = "prefix"  # the start of its own segment, up to where it repeated the answer; the answer ends
     SET_ASIDE = "set_aside"  # the previous round's set-aside segment, put back (its own rewrite is dropped)
     REWRITE = "rewrite"  # its own segment, in place of the last kept one (a kept grounded rewrite)
+    WAITING = "waiting"  # nothing yet: the model was asked to go on from the passages, the set-aside segment waits
 
     __str__ = str.__str__
     __format__ = str.__format__
@@ -102,6 +107,8 @@ def derived_kept(action: Action | str, fallback: str = "") -> Kept:
         return Kept.SET_ASIDE
     if action is Action.GROUND:
         return Kept.NOTHING if fallback else Kept.REWRITE
+    if action is Action.GO_ON:
+        return Kept.WAITING
     return Kept.NOTHING  # regenerate; a repeat's kept start was not recorded
 
 
@@ -118,6 +125,9 @@ class Segment:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    # per token, top-1 minus top-2 probability (TARG's margin); empty where the backend gives no
+    # second-best token (served models), parallel to `tokens` otherwise
+    margins: list[float] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (sentence or marker end), "end_of_turn", "length"
     tokens_prefilled: int = 0  # prompt tokens this call had to run through the model
     tokens_reused: int | None = 0  # prompt tokens served from the KV cache; None: the server did not say
@@ -300,6 +310,9 @@ class RoundTrace:
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     retrieval_round: int = 0  # how many retrievals had happened after this round
     fallback: str = ""  # why a rewrite was dropped for the segment it was to replace (action fallback or ground)
+    # passages retrieved for the set-aside segment that no kept text was written from (action
+    # restore or fallback): chunk id -> why
+    unused: dict[str, str] = field(default_factory=dict)
     guards: list[str] = field(default_factory=list)  # loop guards that fired: "<guard>: <detail>"
     # sentences of the kept segment no passage it could see supports (cosine < the threshold)
     unsupported: list[str] = field(default_factory=list)
@@ -446,8 +459,12 @@ def kept_order(kept: Sequence[Kept | str]) -> list[int]:
     for i, word in enumerate(kept):
         if word in (Kept.SEGMENT, Kept.PREFIX):
             order.append(i)
-        elif word == Kept.SET_ASIDE and i > 0:
-            order.append(i - 1)
+        elif word == Kept.SET_ASIDE:
+            j = i - 1  # the set-aside segment: the round before, past any go-on turns
+            while j >= 0 and kept[j] == Kept.WAITING:
+                j -= 1
+            if j >= 0:
+                order.append(j)
         elif word == Kept.REWRITE:
             order[-1:] = [i]
     return order
@@ -460,7 +477,7 @@ def kept_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
 
 def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:
     """The segment the last of `rounds` added to the answer (None: it added none)."""
-    if not rounds or not rounds[-1].kept:
+    if not rounds or rounds[-1].kept in (None, Kept.NOTHING, Kept.WAITING):
         return None
     return kept_segments(rounds)[-1]
 
@@ -472,3 +489,12 @@ def answer_end(rounds: Sequence[RoundTrace]) -> tuple[Segment, bool] | None:
         return None
     last = rounds[order[-1]]
     return last.segment, last.kept is Kept.PREFIX
+
+
+def set_aside_round(rounds: Sequence[RoundTrace], end: int) -> int | None:
+    """Index of the round whose segment was set aside for a rewrite, as seen from round `end`
+    (a restore, fallback or go-on): the last `regenerate` before it, past any `go_on`."""
+    i = end - 1
+    while i >= 0 and rounds[i].action is Action.GO_ON:
+        i -= 1
+    return i if i >= 0 and rounds[i].action is Action.REGENERATE else None

@@ -73,6 +73,8 @@ def test_a_rewrite_that_repeats_accepted_text_falls_back_to_the_flagged_segment(
     actions = [r.action for r in result.rounds]
     assert actions == ["accept", "accept", "regenerate", "fallback", "accept"]
     assert result.rounds[3].fallback == "the rewrite repeats accepted text"
+    unused = result.rounds[3].unused  # the trace names the passages no kept rewrite was written from, and why
+    assert list(unused) == result.rounds[2].injection.added and all("repeats accepted text" in w for w in unused.values())
     assert "NOTICE text file" in result.answer and result.answer.count("It allows use") == 1
     # the kept segment now stands after the passages: it cites the NOTICE passage
     assert "notice#0" in result.citations

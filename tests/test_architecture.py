@@ -27,7 +27,7 @@ BENCH = ROOT / "bench"
 TIERS = (
     ("trace", "run_state", "checked", "config", "text", "transcript", "prompts", "markers", "datasets", "files", "errors"),
     ("http", "readers", "corpus", "embeddings", "citations", "grounding", "compression", "guards",
-     "short_answer", "models"),
+     "short_answer", "models", "truncation"),
     ("generation",),
     ("deciders", "queries", "context", "context_log", "retrieval"),
     ("controller", "run", "callbacks", "answer_checks"),

@@ -34,7 +34,7 @@ def hit(cid: str, words: int, title: str = "Doc") -> Hit:
 
 
 def context(gen: ScriptedGenerator, limit: int = 8192, **config) -> ContextManager:
-    return ContextManager(ContextConfig(**config), gen.count_tokens, gen.render_chat, context_limit=limit)
+    return ContextManager(ContextConfig(**{"layout": "append", **config}), gen.count_tokens, gen.render_chat, context_limit=limit)
 
 
 FIVE = [hit(f"p{i}#0", 30) for i in range(5)]

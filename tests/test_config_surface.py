@@ -260,7 +260,7 @@ def test_one_check_owns_each_name_and_the_question():
         parse_system("rig:psychic")  # rig:oracle is a system of its own (rigkit.eval.oracle)
     with pytest.raises(InputError, match=r"^system 'rig:prob:guess': unknown query mode 'guess'"):
         parse_system("rig:prob:guess")
-    with pytest.raises(InputError, match=r"^unknown query mode 'guess'; known: marker"):
+    with pytest.raises(InputError, match=r"^unknown query mode 'guess'; known: auto, marker"):
         check_query_mode("guess")
     for empty in ("", "  \n", None):
         with pytest.raises(InputError, match=r"^the question is empty$"):

@@ -67,7 +67,7 @@ def hit(cid: str, words: int, score: float = 1.0) -> Hit:
 
 def context(gen=None, limit: int = 8192, compressor=None, summarizer=None, **config) -> ContextManager:
     gen = gen or ScriptedGenerator([])
-    return ContextManager(ContextConfig(**config), gen.count_tokens, gen.render_chat, context_limit=limit,
+    return ContextManager(ContextConfig(**{"layout": "append", **config}), gen.count_tokens, gen.render_chat, context_limit=limit,
                           compressor=compressor, summarizer=summarizer)
 
 

@@ -40,7 +40,7 @@ class FireOnWord:
 
 
 def controller(generator, decider, retriever=None, max_rounds=3, policy="auto", markers=False, **ctx):
-    context = ContextManager(ContextConfig(**ctx), generator.count_tokens, generator.render_chat, use_markers=markers)
+    context = ContextManager(ContextConfig(**{"layout": "append", **ctx}), generator.count_tokens, generator.render_chat, use_markers=markers)
     return RIGController(
         generator, retriever or DictRetriever({"apache": [APACHE], "mit": [MIT]}, default=[APACHE]),
         decider, build_query_builder(QueryConfig(mode="masked"), generator), context,
@@ -179,18 +179,33 @@ def test_result_json_round_trip_is_exact():
     assert "tokens_prefilled" in data["rounds"][0] and "tokens_reused" in data["rounds"][0]
 
 
-def test_an_empty_turn_after_regeneration_restores_the_flagged_segment():
+def test_an_empty_turn_after_the_passages_is_asked_to_go_on_from_them():
+    """The model ends its turn right after the passages: it is asked once, in a turn of its own,
+    to write from them, and what it then writes replaces the flagged sentence."""
     empty = make_segment("", finish_reason="end_of_turn")
-    gen = ScriptedGenerator(["Apache needs XYZ.", empty, " It also needs NOTICE."])
+    gen = ScriptedGenerator(["Apache needs XYZ.", empty, "Apache needs the NOTICE file."])
     result = controller(gen, FireOnWord("XYZ"), max_rounds=1).run("What does Apache need?")
-    assert [r.action for r in result.rounds] == ["regenerate", "restore", "accept"]
+    assert [r.action for r in result.rounds] == ["regenerate", "go_on", "accept"]
+    assert result.answer.startswith("Apache needs the NOTICE file.") and "XYZ" not in result.answer
+    asked = gen.prompts[2][-1].text
+    assert "Go on with your answer to \"What does Apache need?\"" in asked and "Apache-2.0 allows" not in asked
+    assert "Apache-2.0 allows" in "".join(p.text for p in gen.prompts[2])  # the passages stay before it
+    assert "empty rewrite" in result.rounds[1].guards[0]
+
+
+def test_empty_twice_restores_the_flagged_segment_and_names_the_unused_passage():
+    empty = make_segment("", finish_reason="end_of_turn")
+    gen = ScriptedGenerator(["Apache needs XYZ.", empty, empty, " It also needs NOTICE."])
+    result = controller(gen, FireOnWord("XYZ"), max_rounds=1).run("What does Apache need?")
+    assert [r.action for r in result.rounds] == ["regenerate", "go_on", "restore", "accept"]
     assert result.answer.startswith("Apache needs XYZ. It also needs NOTICE.")
+    assert list(result.rounds[2].unused) == ["apache#0"] and "empty twice" in result.rounds[2].unused["apache#0"]
 
 
 def test_restoring_a_finished_segment_ends_the_answer():
     flagged = make_segment("Stoker wrote XYZ.", finish_reason="end_of_turn")
     empty = make_segment("", finish_reason="end_of_turn")
-    gen = ScriptedGenerator([flagged, empty, " Never reached."])
+    gen = ScriptedGenerator([flagged, empty, empty, " Never reached."])
     result = controller(gen, FireOnWord("XYZ")).run("Who wrote Dracula?")
-    assert [r.action for r in result.rounds] == ["regenerate", "restore"]
+    assert [r.action for r in result.rounds] == ["regenerate", "go_on", "restore"]
     assert "Never reached" not in result.answer

@@ -111,7 +111,7 @@ def test_off_by_default_and_without_the_support_check_nothing_is_rewritten():
 
 def test_a_segment_the_passages_follow_is_not_rewritten():
     generator = ScriptedGenerator(["x"])
-    context = ContextManager(ContextConfig(), generator.count_tokens, generator.render_chat)
+    context = ContextManager(ContextConfig(layout="append"), generator.count_tokens, generator.render_chat)
     context.start(QUESTION)
     context.inject([NOTICE])
     flagged = make_segment("Bananas grow on trees.")

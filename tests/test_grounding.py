@@ -44,7 +44,7 @@ class FireOn:
 
 def run(segments, decider=None, question="Can I use Apache-2.0 code commercially?", hits=(APACHE,), **ctx):
     gen = ScriptedGenerator(segments)
-    context = ContextManager(ContextConfig(**ctx), gen.count_tokens, gen.render_chat)
+    context = ContextManager(ContextConfig(**{"layout": "append", **ctx}), gen.count_tokens, gen.render_chat)
     controller = RIGController(
         gen, DictRetriever({}, default=list(hits)), decider or FireOn("XYZ"),
         build_query_builder(QueryConfig(mode="masked"), gen), context,

@@ -101,7 +101,7 @@ def test_registered_and_configured():
         build_query_builder(QueryConfig(mode="multi"), None)
     with pytest.raises(ConfigError, match="max_subqueries: must be at least 1"):
         load_config(None, query={"max_subqueries": 0})
-    assert QueryConfig().max_subqueries == 3 and QueryConfig().mode == "masked"  # today's default
+    assert QueryConfig().max_subqueries == 3 and QueryConfig().mode == "auto"  # a marker phrase when there is one, else masked
 
 
 # -- markers with several searches -----------------------------------------------------------------

@@ -465,7 +465,13 @@ def test_evaluation_runs_over_a_served_model_sample_with_their_own_seeds():
 def test_what_a_decider_needs_is_read_off_its_class(monkeypatch):
     """A decider of your own declares its needs on the class; nothing lists decider names."""
     from rigkit.config import DeciderConfig
-    from rigkit.deciders import DECIDERS, EntropyDecider, ProbabilityDecider, check_decider_support, decider_needs
+    from rigkit.deciders import (
+        DECIDERS,
+        EntropyDecider,
+        ProbabilityDecider,
+        check_decider_support,
+        decider_needs,
+    )
     from rigkit.errors import InputError
     from rigkit.generation.protocol import ATTENTION, EXTRA_PASSES, LOGPROBS
     from rigkit.testing import NeverDecider

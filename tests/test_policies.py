@@ -30,7 +30,7 @@ SENTENCES = ["Yes, Apache-2.0 allows commercial use.", " You must include the li
 
 
 def controller(generator, decider, retriever=None, max_rounds=3, policy="auto", markers=False):
-    context = ContextManager(ContextConfig(), generator.count_tokens, generator.render_chat, use_markers=markers)
+    context = ContextManager(ContextConfig(layout="append"), generator.count_tokens, generator.render_chat, use_markers=markers)
     return RIGController(
         generator, retriever or DictRetriever({"notice": [NOTICE]}, default=[APACHE, NOTICE]),
         decider, build_query_builder(QueryConfig(mode="masked"), generator), context,

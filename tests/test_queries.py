@@ -144,7 +144,7 @@ def test_attention_mode_uses_qfs_words_else_masked():
 
 
 def test_registry_and_errors():
-    assert set(QUERY_BUILDERS) == {"marker", "masked", "rewrite", "keywords", "attention", "multi"}
+    assert set(QUERY_BUILDERS) == {"auto", "marker", "masked", "rewrite", "keywords", "attention", "multi"}
     for mode in ("marker", "masked", "keywords", "attention"):
         assert build_query_builder(QueryConfig(mode=mode)).mode == mode
     with pytest.raises(InputError, match="needs a generator"):
@@ -154,3 +154,16 @@ def test_registry_and_errors():
     gen = ScriptedGenerator([], replies=["x y z " * 20])
     rewrite = build_query_builder(QueryConfig(mode="rewrite", max_words=4), gen)
     assert rewrite.build(QUESTION, "", Decision(True, 1, "r")).text == "x y z x"
+
+
+def test_the_default_query_mode_searches_a_markers_phrase_and_otherwise_the_masked_sentence():
+    from rigkit.config import RunConfig
+
+    assert QueryConfig().mode == "auto" and RunConfig.from_dict({}).query.mode == "auto"
+    builder = build_query_builder(QueryConfig(include_question=False))
+    seg = make_segment("It was <retrieve>Nightfall film director</retrieve>")
+    q = builder.build(QUESTION, "", decided(MarkerDecider(), seg))
+    assert q.text == "Nightfall film director" and q.mode == "marker"
+    plain = make_segment("Nightfall was directed by Zoltan Brkic.", [0.9, 0.9, 0.9, 0.9, 0.1, 0.1])
+    q = builder.build(QUESTION, "", decided(ProbabilityDecider(0.3), plain))
+    assert q.mode == "masked" and "Nightfall" in q.text and "Brkic" not in q.text

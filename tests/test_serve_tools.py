@@ -190,3 +190,27 @@ def test_an_expired_conversation_on_chat_is_a_404_and_new_starts_one():
         follow = client.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "Who designed it?"}], "conversation": started["conversation"]})
     assert follow.status_code == 200 and follow.json()["rig"]["conversation"] == started["conversation"]
+
+
+def test_tools_the_decider_cannot_call_are_refused_in_one_line_naming_those_that_can():
+    with local_client(create_app(two_tool_service(), mcp=False)) as client:
+        body = {"messages": [{"role": "user", "content": QUESTION}], "tools": [WEATHER, SEARCH],
+                "options": {"decider": "prob"}}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 422
+        error = r.json()["error"]
+        assert error["param"] == "tools" and "\n" not in error["message"]
+        assert "weather" in error["message"] and '"marker"' in error["message"] and "'prob'" in error["message"]
+        body["tools"] = [SEARCH]  # a search tool works with every decider
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+
+
+def test_a_chinese_tool_result_is_cut_between_characters_not_emptied():
+    service = two_tool_service()
+    service.generator.count_tokens = len  # one token per character, as CJK text roughly costs
+    service.tool_result_tokens = 30
+    result = "埃菲尔铁塔高三百三十米，位于巴黎战神广场。它由古斯塔夫·埃菲尔的公司设计建造，于一八八九年完工。"
+    capped = service.cap_text(result)
+    assert capped.endswith("… [truncated]") and len(capped) <= 30
+    assert capped.startswith("埃菲尔铁塔高三百三十米") and result.startswith(capped.removesuffix("… [truncated]"))

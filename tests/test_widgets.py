@@ -460,3 +460,25 @@ def test_answer_pane_numbers_citations_and_hits_drop_the_repeated_fused_score(re
         re.search(r'<li id="(rig\d+-p1)"', out).group(1), re.search(r'<li id="(rig\d+-p2)"', out).group(1)]
     table = render.hits_html(result.passages)
     assert "<th" in table and ">score<" not in table and ">fused<" not in table
+
+
+def test_switching_decider_resets_the_threshold_to_its_default_in_its_unit(result):
+    from rigkit.widgets import RoundStepper
+
+    calls = []
+
+    def factory(name, threshold):
+        calls.append((name, threshold))
+        return FakeController(result)
+
+    stepper = RoundStepper.live(FakeController(result), QUESTION, factory=factory,
+                                deciders=["prob", "entropy", "every_n"])
+    stepper.run_to_end()
+    stepper.show(1)
+    assert stepper.decider_picker.value == "prob" and stepper.threshold_picker.value == "0.4"
+    stepper.decider_picker.value = "entropy"  # 0.4 probability is no entropy threshold
+    assert stepper.threshold_picker.value == "2" and stepper.threshold_picker.description == "threshold (nats)"
+    stepper.rerun_button.click()
+    assert calls == [("entropy", 2.0)]
+    stepper.decider_picker.value = "every_n"
+    assert stepper.threshold_picker.value == "32" and "tokens" in stepper.threshold_picker.description

@@ -11,9 +11,9 @@ from rigkit.cli import add_config_options
 from rigkit.cli.flags import add_flags, add_generator_flags, add_source_flags
 from rigkit.errors import InputError
 from rigkit.short_answer import answer_line
-from rigkit.trace import Action, RIGResult, RoundTrace
+from rigkit.trace import Action, Decision, RIGResult, RoundTrace
 
-__all__ = ["register", "format_round", "format_result"]
+__all__ = ["register", "decision_scale", "format_round", "format_result"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,8 +97,10 @@ class _TokenPrinter:
             self.open = True
         if event.kind == "token":
             print(event.text, end="", file=self.out, flush=True)
-        else:  # a regenerated segment: say what is taken back rather than erase the terminal
-            print(f"  [taken back: {len(event.text)} characters]", end="", file=self.out, flush=True)
+        else:  # a regenerated segment: say what is taken back rather than erase the terminal, and
+            # write what comes next on a line of its own, not glued to the text it replaces
+            print(f"  [taken back: {len(event.text)} characters]", file=self.out, flush=True)
+            self.open = False
 
     def end_line(self) -> None:
         if self.open:
@@ -120,14 +122,24 @@ def _reused(value: int | None) -> str:
     return "unknown" if value is None else str(value)
 
 
+def decision_scale(d: Decision) -> str:
+    """Score and cut on one scale, the threshold in the decider's unit beside them: "score=0.55
+    cut=0.70 (threshold 0.3 probability)" reads true where "score=0.55 threshold=0.3" did not."""
+    text = f"score={d.score:.2f}"
+    if d.score_threshold is not None:
+        text += f" cut={d.score_threshold:.2f}"
+    if d.threshold is not None:
+        text += f" (threshold {d.threshold:g}" + (f" {d.unit})" if d.unit else ")")
+    return text
+
+
 def format_round(trace: RoundTrace) -> str:
     """A plain-text block for one round: segment, decision, query, hits, injection, budget."""
     d, b = trace.decision, trace.budget
     lines = [
         f"── round {trace.index} " + "─" * 50,
         f"segment   {trace.segment.text.strip()!r}  ({len(trace.segment.token_ids)} tokens, {trace.segment.finish_reason})",
-        f"decision  {'RETRIEVE' if d.retrieve else 'continue'}  {d.decider} score={d.score:.2f}"
-        + (f" threshold={d.threshold}" if d.threshold is not None else "") + f"  {d.reason}",
+        f"decision  {'RETRIEVE' if d.retrieve else 'continue'}  {d.decider} {decision_scale(d)}  {d.reason}",
     ]
     if trace.query is not None:
         lines.append(f"query     {trace.query.text!r}  (mode {trace.query.mode}, extra model calls {trace.query.llm_calls})")
@@ -147,6 +159,7 @@ def format_round(trace: RoundTrace) -> str:
                      + ("dropped" if trace.fallback else "supported, it replaces that segment"))
     if trace.fallback:
         lines.append(f"fallback  {trace.fallback}")
+    lines += [f"unused    [{_safe(cid)}] {_safe(why)}" for cid, why in trace.unused.items()]
     lines += [f"unsupported {_safe(s)!r}" for s in trace.unsupported]
     lines.append(
         f"action    {trace.action}   budget system {b.system} | question {b.question} | passages {b.passages}"

@@ -101,7 +101,7 @@ _FLAGS = [
          "(another decider starts the decider section from its defaults)"),
     Flag("--threshold", "decider.threshold", "the decider's threshold (null: its own default)", type=float),
     Flag("--trigger-model", "decider.trigger_model", "a trained trigger classifier file (.skops)"),
-    Flag("--query-mode", "query.mode", "marker|masked|rewrite|keywords|attention|multi "
+    Flag("--query-mode", "query.mode", "auto|marker|masked|rewrite|keywords|attention|multi "
          "(multi: up to query.max_subqueries searches, merged by RRF)"),
     Flag("--marker-protocol", "context.marker_protocol", "openrig | search-r1 | r1-searcher | self-rag | a "
          ".yaml/.json protocol file", metavar="NAME|PATH"),

@@ -21,6 +21,7 @@ class Block:
 
     hits: list[Hit] = field(default_factory=list)
     instruction: str = ""  # fixed when injected, so the block renders the same every round
+    nudge: bool = False  # no passages: a user turn asking the model to go on from those above
 
 
 class Layout:
@@ -41,6 +42,15 @@ class Layout:
             self.initial.extend(hits)
         elif hits:
             self.events.append(Block(hits, instruction))
+
+    def nudge(self, instruction: str) -> None:
+        """A user turn of `instruction` alone after the last event (see `Block.nudge`)."""
+        self.events.append(Block([], instruction, nudge=True))
+
+    @property
+    def nudged(self) -> bool:
+        """Whether the last event is a nudge: the model was already asked to go on."""
+        return bool(self.events) and isinstance(self.events[-1], Block) and self.events[-1].nudge
 
     def replace_last(self, segment: Segment) -> None:
         """Put `segment` in place of the last accepted segment, which must be the last event."""

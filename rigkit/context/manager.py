@@ -17,7 +17,7 @@ from rigkit.context.store import PassageStore, least_related
 from rigkit.errors import InputError
 from rigkit.grounding import check_grounding_options
 from rigkit.markers import MarkerProtocol, resolve_protocol
-from rigkit.prompts import CONTINUE_INSTRUCTION, START_INSTRUCTION, system_prompt
+from rigkit.prompts import CONTINUE_INSTRUCTION, GO_ON_INSTRUCTION, START_INSTRUCTION, system_prompt
 from rigkit.text import detect_language
 from rigkit.trace import HistoryFit, Hit, Injection, Segment, TokenBudget
 from rigkit.transcript import Piece
@@ -215,6 +215,14 @@ class ContextManager:
     def _admit(self, hits: list[Hit], injection: Injection) -> list[Hit]:
         share = self.passage_budget // max(1, len(hits))  # each passage's share, for compression
         return self.store.admit(hits, injection, share, lambda: (self.question + " " + self.draft[-300:]).strip())
+
+    def go_on(self) -> None:
+        """Ask the model, in a turn of its own, to go on from the passages before it."""
+        self.layout.nudge(GO_ON_INSTRUCTION[self.language].format(question=self.question))
+
+    @property
+    def nudged(self) -> bool:
+        return self.layout.nudged
 
     def _instruction(self) -> str:
         template = CONTINUE_INSTRUCTION if self.draft.strip() else START_INSTRUCTION

@@ -81,6 +81,8 @@ class Renderer:
                 pieces.append(Piece(event.text, tuple(event.token_ids), role="draft"))
             elif event.hits:
                 pieces.append(self.block(event.hits, event.instruction))
+            elif event.nudge:
+                pieces.append(self._user_block(event.instruction))
         return pieces
 
     def head(self, initial: list[Hit]) -> Piece:

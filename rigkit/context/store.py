@@ -17,6 +17,7 @@ from rigkit.compression import Compressor, compressed_hit, compression_target
 from rigkit.config import ContextConfig
 from rigkit.corpus import held_to_corpus_rules
 from rigkit.trace import Hit, Injection
+from rigkit.truncation import cap_text
 
 __all__ = ["PassageStore", "fingerprint", "near_duplicate", "held_to_corpus_rules", "shared_words",
            "least_related"]
@@ -128,11 +129,6 @@ class PassageStore:
         size = self.count_tokens(hit.text)
         if size <= limit:
             return hit
-        words = hit.text.split(" ")
-        lo, hi = 0, len(words)
-        while lo < hi:  # the longest word prefix within the limit
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.count_tokens(" ".join(words[:mid])) <= limit else (lo, mid - 1)
-        text = " ".join(words[:lo]) + " …"
+        text = cap_text(hit.text, limit, self.count_tokens)  # at spaces, or between CJK characters
         metadata = {**hit.metadata, "truncated": True, "original_tokens": size}
         return Hit(**{**hit.__dict__, "text": text, "metadata": metadata})

@@ -32,6 +32,7 @@ from rigkit.deciders.composite import CompositeDecider
 from rigkit.deciders.entities import EntityChecklist
 from rigkit.deciders.entropy import EntropyDecider
 from rigkit.deciders.keyword import KeywordDecider
+from rigkit.deciders.margin import MarginDecider
 from rigkit.deciders.marker import MarkerDecider
 from rigkit.deciders.probability import ProbabilityDecider
 from rigkit.errors import InputError
@@ -46,6 +47,7 @@ __all__ = [
     "TriggerScorer",
     "ClassifierDecider",
     "DECIDERS",
+    "default_threshold",
     "check_decider_name",
     "check_decider_support",
     "decider_needs",
@@ -60,6 +62,7 @@ __all__ = [
     "KeywordDecider",
     "MarkerDecider",
     "ProbabilityDecider",
+    "MarginDecider",
 ]
 
 
@@ -104,6 +107,7 @@ DECIDERS: _Registry = _Registry(
         "every_n": EveryNTokens,
         "never": NeverRetrieve,
         "entity": EntityChecklist,
+        "margin": MarginDecider,
     }
 )
 
@@ -117,6 +121,12 @@ def check_decider_support(config: DeciderConfig, generator: Any) -> None:
     for member in (config, *config.members):
         if member.name in DECIDERS:  # an unknown name is refused when the decider is built
             check_needs(member.name, decider_needs(DECIDERS[member.name], member.params), generator, text_only)
+
+
+def default_threshold(name: str) -> tuple[float | None, str]:
+    """(default threshold, its unit) that decider `name` declares; (None, "") where it has none."""
+    cls = DECIDERS[check_decider_name(name)]
+    return getattr(cls, "default_threshold", None), getattr(cls, "unit", "")
 
 
 def check_decider_name(name: str) -> str:

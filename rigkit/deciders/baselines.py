@@ -29,6 +29,7 @@ class AlwaysRetrieve:
     name = "always"
     needs: frozenset[str] = frozenset()  # the text alone
     policy = "continue"  # IRCoT / FS-RAG keep each sentence and write the next with the passages
+    unit, default_threshold = "", None  # no threshold
 
     def __init__(self, threshold: float | None = None):
         self.threshold = threshold  # accepted for a uniform constructor; unused
@@ -49,9 +50,10 @@ class EveryNTokens:
     needs: frozenset[str] = frozenset()  # the text alone
     policy = "continue"  # FL-RAG keeps the window and continues with the passages
     unit = "tokens"
+    default_threshold = 32  # N
     score_threshold = 1.0  # score = share of the interval elapsed: retrieve at 1
 
-    def __init__(self, n: int = 32, threshold: float | None = None):
+    def __init__(self, n: int = default_threshold, threshold: float | None = None):
         if threshold is not None:  # DeciderConfig.threshold may carry N
             n = int(threshold)
         if n < 1:
@@ -81,6 +83,7 @@ class NeverRetrieve:
     name = "never"
     needs: frozenset[str] = frozenset()  # the text alone
     policy = "regenerate"  # never fires: the policy is never used
+    unit, default_threshold = "", None  # no threshold
 
     def __init__(self, threshold: float | None = None):
         self.threshold = threshold

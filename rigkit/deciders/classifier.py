@@ -58,6 +58,7 @@ class ClassifierDecider:
     policy = "regenerate"  # a flagged sentence is written again from the passages, as FLARE
     needs = frozenset({LOGPROBS})  # its hidden-state features are checked when it is given the generator
     unit = "probability"
+    default_threshold = DEFAULT_THRESHOLD  # a model file's stored cut comes first
 
     def __init__(
         self,

@@ -28,13 +28,15 @@ class CompositeDecider:
     """Any-of / all-of / weighted vote over member deciders."""
 
     name = "composite"
+    unit = "vote share"  # the threshold is used by combine="vote" only
+    default_threshold = 0.5
 
     def __init__(
         self,
         members: Sequence[Decider],
         combine: str = "any",
         weights: Sequence[float] = (),
-        threshold: float = 0.5,
+        threshold: float = default_threshold,
         lazy: bool = True,
     ):
         if combine not in _MODES:

@@ -23,6 +23,7 @@ class EntityChecklist:
     """Wraps `inner` (or nothing) with the checklist and/or the skip-if-no-entity gate."""
 
     name = "entity"
+    unit, default_threshold = "", None  # the wrapped decider's threshold is its own
 
     def __init__(
         self,

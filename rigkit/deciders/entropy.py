@@ -44,6 +44,7 @@ class EntropyDecider:
     name = "entropy"
     policy = "regenerate"  # DRAGIN regenerates from the triggering point with the passages
     unit = "nats"
+    default_threshold = 2.0
     needs = frozenset({LOGPROBS, ATTENTION, EXTRA_PASSES})  # the attention pass reads the KV cache
 
     @classmethod
@@ -56,7 +57,7 @@ class EntropyDecider:
         """score = 1 - exp(-max RIND), so RIND > t is score > 1 - exp(-t)."""
         return 1.0 - math.exp(-self.threshold)
 
-    def __init__(self, threshold: float = 2.0, use_attention: bool = True, top_words: int = 5):
+    def __init__(self, threshold: float = default_threshold, use_attention: bool = True, top_words: int = 5):
         if threshold < 0:
             raise ValueError(f"entropy threshold must be >= 0 nats, got {threshold}")
         self.threshold = threshold

@@ -37,6 +37,7 @@ class KeywordDecider:
     needs: frozenset[str] = frozenset()  # the text alone
     policy = "regenerate"  # the unsupported claim is written again from the passages
     unit = "score"
+    default_threshold = 0.5
 
     @property
     def score_threshold(self) -> float:
@@ -44,7 +45,7 @@ class KeywordDecider:
 
     def __init__(
         self,
-        threshold: float = 0.5,
+        threshold: float = default_threshold,
         cues: Sequence[str] | None = None,
         cue_files: Sequence[str | Path] = ("cues_en", "cues_zh"),
         extra_cues: Sequence[str] = (),

@@ -26,13 +26,14 @@ class MarkerDecider:
     needs: frozenset[str] = frozenset()  # the text alone
     policy = "continue"  # the model's own request stays; the answer goes on after the passages
     unit = "score"
+    default_threshold = 0.5
 
     @property
     def score_threshold(self) -> float:
         return self.threshold
 
     def __init__(
-        self, tag: str = "retrieve", threshold: float = 0.5, protocol: str | MarkerProtocol | None = None
+        self, tag: str = "retrieve", threshold: float = default_threshold, protocol: str | MarkerProtocol | None = None
     ):
         # a preset name, a protocol file or object; `tag` alone is an openrig-style <tag>
         self.protocol = resolve_protocol(protocol, tag)  # validated now, not mid-run

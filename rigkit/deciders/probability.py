@@ -44,13 +44,14 @@ class ProbabilityDecider:
     policy = "regenerate"  # FLARE: the flagged sentence is rewritten with the passages
     needs = frozenset({LOGPROBS})
     unit = "probability"
+    default_threshold = 0.3  # FLARE's θ
 
     @property
     def score_threshold(self) -> float:
         """score = 1 - lowest content-token probability, so p < θ is score > 1 - θ."""
         return 1.0 - self.threshold
 
-    def __init__(self, threshold: float = 0.3):
+    def __init__(self, threshold: float = default_threshold):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"prob threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold

@@ -313,7 +313,7 @@ class HFGenerator:
         if new_ids and new_ids[-1] in self.eos_token_ids:
             new_ids, finish = new_ids[:-1], "end_of_turn"
         texts = token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
-        keep = len(new_ids)
+        keep = whole_characters(texts)  # a character cut by the budget: the next segment writes it whole
         all_lp = torch.log_softmax(logits[: len(new_ids)], dim=-1)  # (n, vocab)
         chosen = torch.tensor(new_ids, dtype=torch.long, device=all_lp.device)
         token_lp = all_lp[torch.arange(len(new_ids), device=all_lp.device), chosen]
@@ -321,16 +321,18 @@ class HFGenerator:
         if end is not None:
             # The criterion fires one token late (it needs the whitespace after the full stop, or
             # the start of the next word); drop that token: the next segment writes it again.
-            finish, keep = "stop", end
+            finish, keep = "stop", min(end, keep)
         logprobs = all_lp[:keep]  # (keep, vocab)
         token_lp = token_lp[:keep]
         entropy = -(logprobs.exp() * logprobs).nan_to_num().sum(-1)  # (keep,); 0*log0 -> 0
+        top2 = logprobs.exp().topk(2, dim=-1).values  # (keep, 2)
         return Segment(
             text="".join(texts[:keep]),
             tokens=texts[:keep],
             token_ids=new_ids[:keep],
             logprobs=token_lp.tolist(),
             entropies=entropy.tolist(),
+            margins=(top2[:, 0] - top2[:, 1]).tolist(),
             finish_reason=finish,
         )
 
@@ -423,6 +425,15 @@ def crop_cache(cache: Any, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+def whole_characters(texts: list[str]) -> int:
+    """How many leading tokens end on a whole character: trailing tokens whose text is empty hold
+    the first bytes of a character the budget cut (`token_texts` gives them "")."""
+    keep = len(texts)
+    while keep and texts[keep - 1] == "":
+        keep -= 1
+    return keep
 
 
 def token_texts(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> list[str]:

@@ -21,10 +21,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from rigkit.build import uses_markers
 from rigkit.serve import openai_compat as oa
 from rigkit.serve.jobs import Pipe, check_history, error_of, sse, submit, wait_job
-from rigkit.serve.schemas import ChatCompletionRequest
+from rigkit.serve.schemas import ChatCompletionRequest, RequestError
 from rigkit.serve.service import RigService, ToolStep, grounding_summary, round_summary
+from rigkit.serve.tools import tools_refusal
 from rigkit.trace import RIGResult
 
 __all__ = ["complete"]
@@ -36,6 +38,11 @@ async def complete(service: RigService, body: ChatCompletionRequest, request: Re
     check_history(conversation.history, "messages")
     kept, conversation.history = service.history_of(body.conversation, conversation.history)
     options = oa.ask_options(body, tools)
+    if tools:  # a tool the run could never call is refused now, not left unanswered
+        config = service.config.with_decider(options.decider)
+        refusal = tools_refusal(tools, uses_markers(config), config.decider.name)
+        if refusal:
+            raise RequestError(refusal, "tools")
     completion = oa.Completion(body.model or service.model_name)
     stops = body.stop_strings()
     limit = options.max_tokens or service.config.generator.max_answer_tokens

@@ -43,6 +43,7 @@ from rigkit.serve.worker import Job, ModelWorker
 from rigkit.streaming import Cancelled, StreamEvent, TokenStream
 from rigkit.text import detect_language
 from rigkit.trace import Hit, RIGResult, RoundTrace, SearchRequest
+from rigkit.truncation import cap_text
 
 __all__ = ["RigService", "AskOptions", "ToolCall", "ToolRound", "ToolStep", "round_summary"]
 
@@ -312,16 +313,7 @@ class RigService:
     def cap_text(self, text: str) -> str:
         """At most `tool_result_tokens` tokens of `text`, then "[truncated]" when cut."""
         count = self.generator.count_tokens
-        limit = self.tool_result_tokens
-        if count(text) <= limit:
-            return text
-        note = " … [truncated]"
-        words = text.split(" ")
-        lo, hi = 0, len(words)
-        while lo < hi:  # the longest word prefix that fits with the note
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if count(" ".join(words[:mid]) + note) <= limit else (lo, mid - 1)
-        return " ".join(words[:lo]) + note
+        return cap_text(text, self.tool_result_tokens, count, note=" … [truncated]")  # Chinese results are cut between characters
 
 
 def _stop_check(job: Job) -> Callable[[], None]:

@@ -28,7 +28,8 @@ from typing import Any
 from rigkit.errors import InputError
 from rigkit.serve.tool_schemas import SchemaLimit, check_schema, first_error, load_arguments
 
-__all__ = ["Tool", "SEARCH", "SEARCH_PARAMETERS", "declare", "check_arguments", "tools_prompt", "model_calls",
+__all__ = [
+    "tools_refusal", "Tool", "SEARCH", "SEARCH_PARAMETERS", "declare", "check_arguments", "tools_prompt", "model_calls",
            "parse_call"]
 
 SEARCH = "search"
@@ -146,6 +147,18 @@ def _search_arguments(query: str, tools: Mapping[str, Tool], top_k: int, source:
     declared = tools.get(SEARCH)
     known = declared.parameters.get("properties") if declared is not None else None
     return {k: v for k, v in arguments.items() if k == "query" or known is None or k in known}
+
+
+def tools_refusal(tools: Mapping[str, Tool], reads_markers: bool, decider: str) -> str | None:
+    """One line refusing client tools the run cannot call, else None. A `search` tool works with
+    every decider (each round's search goes to the client); any other tool is called by the model
+    writing it inside a marker, which only a decider that reads markers acts on."""
+    named = [name for name in tools if name != SEARCH]
+    if not named or reads_markers:
+        return None
+    return (f"tools {', '.join(named)} are called through retrieval markers, which decider {decider!r} "
+            "does not read: use options.decider \"marker\" (or a composite with a marker member); "
+            "a `search` tool alone works with every decider")
 
 
 def _short(message: str) -> str:

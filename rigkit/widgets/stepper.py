@@ -176,6 +176,8 @@ class RoundStepper(W.VBox):
         self.next_button.on_click(lambda _: self.next())
         self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
         self.rerun_button.on_click(lambda _: self.rerun())
+        # a threshold means nothing in another decider's unit: switching resets it to the default
+        self.decider_picker.observe(lambda ch: self._default_threshold(ch["new"]), names="value")
         self.controls = W.VBox([
             W.HBox([self.prev_button, self.next_button, self.slider]),
             W.HBox([self.decider_picker, self.threshold_picker, self.rerun_button, self.status]),
@@ -323,6 +325,14 @@ class RoundStepper(W.VBox):
         if not self.finished:
             return "live: next runs another round"
         return "live run finished" if self._controller is not None else "replay"
+
+    def _default_threshold(self, name: str | None) -> None:
+        """The threshold picker shows `name`'s default in its unit ("0.3 probability" reads 0.3)."""
+        from rigkit.deciders import DECIDERS, default_threshold
+
+        value, unit = default_threshold(name) if name in DECIDERS else (None, "")
+        self.threshold_picker.value = "" if value is None else f"{value:g}"
+        self.threshold_picker.description = f"threshold ({unit})" if unit else "threshold"
 
     def _sync_pickers(self, trace: RoundTrace) -> None:
         name = trace.decision.decider

@@ -73,7 +73,8 @@ ACTION_MEANINGS = {
     Action.CONTINUE: "retrieved: the segment stays and the answer goes on after the passages",
     Action.REGENERATE: "retrieved: the segment is dropped and written again with the passages",
     Action.SKIP: "no retrieval rounds left: the segment stays, the answer finishes from the context",
-    Action.RESTORE: "the model ended its turn after the passages: the flagged segment is kept",
+    Action.GO_ON: "the model ended its turn right after the passages: it is asked to go on from them",
+    Action.RESTORE: "asked to go on, the model still wrote nothing: the flagged segment is kept",
     Action.FALLBACK: "the rewrite did not earn its place: the flagged segment is kept after the passages",
     Action.REPEAT: "the segment repeated an earlier sentence: the repeat is cut and the answer ends",
     Action.GROUND: "the previous segment was unsupported by its passages: written again under the strict "
