@@ -105,6 +105,7 @@ ROUTES = [
 ]
 
 
+@pytest.mark.timeout(hang_limit(10))  # every wait below is bounded too: this bounds their sum
 def test_a_burst_of_20_clients_loses_nothing_and_is_counted_exactly(base):
     before = scrape(base)
 
