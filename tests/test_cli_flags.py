@@ -32,6 +32,9 @@ SHARED_MEANINGS = {
     "--systems": "the systems an evaluation compares", "--concurrency": "questions answered at once",
     "--index": "a saved index (ask, serve, mcp: NAME=PATH, repeatable, for several sources)",
     "--retriever": "a retrieval server's URL (NAME=URL, repeatable, for several sources)",
+    "--html": "write a self-contained HTML page here (ask: the run; compare: the comparison; trigger eval: "
+    "the ROC / PR figure)",
+    "--lecture": "with --html: large type for a projector",
     "--force": "go on although a check refuses (eval-merge: replace the evaluation in --out; index attach: "
     "rows that do not match their vectors)",
 }
