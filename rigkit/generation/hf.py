@@ -313,7 +313,8 @@ class HFGenerator:
         if new_ids and new_ids[-1] in self.eos_token_ids:
             new_ids, finish = new_ids[:-1], "end_of_turn"
         texts = token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
-        keep = whole_characters(texts)  # a character cut by the budget: the next segment writes it whole
+        # a character cut by the budget: the next segment writes it whole
+        keep = whole_characters(texts, new_ids, frozenset(self.tokenizer.all_special_ids))
         all_lp = torch.log_softmax(logits[: len(new_ids)], dim=-1)  # (n, vocab)
         chosen = torch.tensor(new_ids, dtype=torch.long, device=all_lp.device)
         token_lp = all_lp[torch.arange(len(new_ids), device=all_lp.device), chosen]
@@ -427,11 +428,12 @@ def crop_cache(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def whole_characters(texts: list[str]) -> int:
+def whole_characters(texts: list[str], ids: list[int], special: frozenset[int] = frozenset()) -> int:
     """How many leading tokens end on a whole character: trailing tokens whose text is empty hold
-    the first bytes of a character the budget cut (`token_texts` gives them "")."""
+    the first bytes of a character the budget cut (`token_texts` gives them ""), unless they are
+    special tokens, which are empty because they are skipped."""
     keep = len(texts)
-    while keep and texts[keep - 1] == "":
+    while keep and texts[keep - 1] == "" and ids[keep - 1] not in special:
         keep -= 1
     return keep
 
