@@ -24,7 +24,7 @@ BENCH = ROOT / "bench"
 # docs/architecture.md, bottom row first. Arrows inside a row are allowed when they close no
 # circle across folders (e.g. readers -> corpus, grounding -> citations, queries -> deciders).
 TIERS = (
-    ("trace", "config", "text", "transcript", "prompts", "markers", "datasets", "files", "errors"),
+    ("trace", "config", "text", "truncation", "transcript", "prompts", "markers", "datasets", "files", "errors"),
     ("http", "readers", "corpus", "embeddings", "citations", "grounding", "compression", "guards",
      "short_answer"),
     ("generation",),
