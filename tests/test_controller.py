@@ -209,3 +209,15 @@ def test_restoring_a_finished_segment_ends_the_answer():
     result = controller(gen, FireOnWord("XYZ")).run("Who wrote Dracula?")
     assert [r.action for r in result.rounds] == ["regenerate", "go_on", "restore"]
     assert "Never reached" not in result.answer
+
+
+def test_a_go_on_that_repeats_the_answer_falls_back_to_the_flagged_segment():
+    """The checks past a go_on turn read the round that set the segment aside: its flagged words
+    and its passages."""
+    empty = make_segment("", finish_reason="end_of_turn")
+    gen = ScriptedGenerator(["Apache is a licence.", " Apache needs XYZ.", empty, " Apache is a licence.", " Done."])
+    result = controller(gen, FireOnWord("XYZ"), max_rounds=1).run("What does Apache need?")
+    assert [r.action for r in result.rounds] == ["accept", "regenerate", "go_on", "fallback", "accept"]
+    assert result.rounds[3].fallback == "the rewrite repeats accepted text"
+    assert list(result.rounds[3].unused) == result.rounds[1].injection.added
+    assert result.answer.startswith("Apache is a licence. Apache needs XYZ.")
