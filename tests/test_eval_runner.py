@@ -210,6 +210,19 @@ def test_a_second_process_on_the_same_folder_is_refused(tmp_path):
             run_eval(_items(), systems, tmp_path, progress=False)
 
 
+def test_an_eval_refused_by_the_lock_leaves_meta_json_as_it_was(tmp_path):
+    from rigkit.eval import evaluate
+
+    qa, out = _qa_file(tmp_path / "toy"), tmp_path / "out"
+    evaluate(qa, out, "question_only", progress=False, report=False)
+    before = (out / "meta.json").read_text()
+    with open(out / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(InputError, match="in use"):
+            evaluate(qa, out, "question_only", progress=False, report=False)
+    assert (out / "meta.json").read_text() == before
+
+
 def _qa_file(folder: Path) -> Path:
     folder.mkdir()
     with open(folder / "qa.jsonl", "w") as fh:

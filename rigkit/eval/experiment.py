@@ -23,7 +23,7 @@ from rigkit.config import RunConfig, Setting, apply_settings, load_config
 from rigkit.errors import InputError
 from rigkit.eval.metrics import FaithfulnessScorer, QAItem
 from rigkit.eval.report import META_FILE, read_meta, write_report
-from rigkit.eval.runner import RunSummary, parse_shard, run_eval, shard_items
+from rigkit.eval.runner import RunSummary, locked_folder, parse_shard, run_eval, shard_items
 from rigkit.eval.systems import (
     LAYOUTS,
     build_systems,
@@ -200,6 +200,8 @@ def evaluate(
               "have been trained on these questions", file=sys.stderr)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
+    with locked_folder(folder):  # another eval on the folder is refused here, before meta.json is touched
+        pass
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     started = (now, time.perf_counter())
     meta = _check_meta(folder, {
