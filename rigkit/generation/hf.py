@@ -312,9 +312,9 @@ class HFGenerator:
         finish = "length"
         if new_ids and new_ids[-1] in self.eos_token_ids:
             new_ids, finish = new_ids[:-1], "end_of_turn"
-        texts = token_texts(self.tokenizer, new_ids, kept_tag_ids(self.tokenizer, stop))
-        # a character cut by the budget: the next segment writes it whole
-        keep = whole_characters(texts, new_ids, frozenset(self.tokenizer.all_special_ids))
+        kept_ids = kept_tag_ids(self.tokenizer, stop)
+        texts = token_texts(self.tokenizer, new_ids, kept_ids)
+        keep = whole_characters(self.tokenizer, new_ids, texts, kept_ids)  # a cut character: the next segment writes it whole
         all_lp = torch.log_softmax(logits[: len(new_ids)], dim=-1)  # (n, vocab)
         chosen = torch.tensor(new_ids, dtype=torch.long, device=all_lp.device)
         token_lp = all_lp[torch.arange(len(new_ids), device=all_lp.device), chosen]
@@ -428,14 +428,14 @@ def crop_cache(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def whole_characters(texts: list[str], ids: list[int], special: frozenset[int] = frozenset()) -> int:
-    """How many leading tokens end on a whole character: trailing tokens whose text is empty hold
-    the first bytes of a character the budget cut (`token_texts` gives them ""), unless they are
-    special tokens, which are empty because they are skipped."""
-    keep = len(texts)
-    while keep and texts[keep - 1] == "" and ids[keep - 1] not in special:
-        keep -= 1
-    return keep
+def whole_characters(tokenizer: Any, ids: list[int], texts: list[str], keep: frozenset[int] = frozenset()) -> int:
+    """How many leading tokens end on a whole character: trailing tokens holding the first bytes
+    of a character the budget cut (their text is "" and the decoded text ends in U+FFFD) wait;
+    a skipped special token (also "") is whole."""
+    n = len(ids)
+    while n and texts[n - 1] == "" and decode_keeping(tokenizer, ids[:n], keep).endswith("\ufffd"):
+        n -= 1
+    return n
 
 
 def token_texts(tokenizer: Any, ids: list[int], keep: frozenset[int] = frozenset()) -> list[str]:
