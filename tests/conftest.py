@@ -136,6 +136,27 @@ def local_http_server(handler, **state) -> Iterator:
         httpd.server_close()
 
 
+def stream_endlessly(handler, events) -> None:
+    """Answer `handler`'s request with server-sent `events` (JSON objects) until they run out or the
+    client closes the stream; counts what was written in `server.written`, sets `server.ended`."""
+    import json
+    import time
+
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.end_headers()
+    try:
+        for i, event in enumerate(events):
+            handler.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            handler.wfile.flush()
+            handler.server.written = i + 1
+            time.sleep(0.002)
+    except OSError:  # the client closed the stream
+        pass
+    finally:
+        handler.server.ended.set()
+
+
 @dataclass(frozen=True)
 class CliRun:
     """What one `rigkit` command left: its exit code and what it printed."""

@@ -17,7 +17,7 @@ from rigkit.generation.chat import ChatGenerator
 from rigkit.generation.chat_messages import render_markup
 from rigkit.generation.server_replies import ServerError
 from rigkit.transcript import Piece, StopRule
-from tests.conftest import CliRun, local_http_server
+from tests.conftest import CliRun, local_http_server, stream_endlessly
 from tests.test_chat_faults import MODEL, ChatScript, _ask, _chunk, _words
 
 HELPER_PROMPT = "Rewrite the question as a search query."
@@ -47,19 +47,7 @@ class LyingChat(ChatScript):
         self._endless(s["endless"])
 
     def _endless(self, words: int) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        try:
-            for i in range(words):
-                self.wfile.write(f"data: {json.dumps(_chunk(f' w{i}'))}\n\n".encode())
-                self.wfile.flush()
-                self.server.written = i + 1
-                time.sleep(0.002)
-        except OSError:  # the client closed the stream
-            pass
-        finally:
-            self.server.ended.set()
+        stream_endlessly(self, (_chunk(f" w{i}") for i in range(words)))
 
 
 @pytest.fixture

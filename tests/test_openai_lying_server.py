@@ -15,7 +15,7 @@ import pytest
 
 from rigkit.generation.openai import OpenAIGenerator, ServerError
 from rigkit.transcript import Piece, StopRule
-from tests.conftest import CliRun, local_http_server
+from tests.conftest import CliRun, local_http_server, stream_endlessly
 from tests.test_backend_faults import Misbehaving, _ask, _events, _token
 from tests.tiny_model import tiny_generator
 
@@ -43,19 +43,7 @@ class LyingCompletions(Misbehaving):
         self._send(200, _events(*script), "text/event-stream")
 
     def _endless(self, words: int) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        try:
-            for i in range(words):
-                self.wfile.write(f"data: {json.dumps(_token(f' w{i}'))}\n\n".encode())
-                self.wfile.flush()
-                self.server.written = i + 1
-                time.sleep(0.002)
-        except OSError:  # the client closed the stream
-            pass
-        finally:
-            self.server.ended.set()
+        stream_endlessly(self, (_token(f" w{i}") for i in range(words)))
 
 
 @pytest.fixture

@@ -66,15 +66,10 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_path(args: argparse.Namespace) -> int:
-    from rigkit.errors import ModelNotFoundError
-    from rigkit.models.install import installed_path
+    from rigkit.models.install import require_installed
     from rigkit.models.registry import get
 
-    model = get(args.name)
-    path = installed_path(model)
-    if path is None:
-        raise ModelNotFoundError(f"{model.name} is not installed; install it with: {model.install_command}")
-    print(path)
+    print(require_installed(get(args.name)))
     return 0
 
 
@@ -83,14 +78,12 @@ def run_serve(args: argparse.Namespace) -> int:
     import os
 
     from rigkit.errors import ModelNotFoundError
-    from rigkit.models.install import installed_path
+    from rigkit.models.install import require_installed
     from rigkit.models.llama_server import INSTALL_HINT, server_args
     from rigkit.models.registry import get
 
     model = get(args.name)
-    path = installed_path(model)
-    if path is None:
-        raise ModelNotFoundError(f"{model.name} is not installed; install it with: {model.install_command}")
+    path = require_installed(model)
     if importlib.util.find_spec("llama_cpp") is None:
         raise ModelNotFoundError(f"llama.cpp's server is not installed; install it with: {INSTALL_HINT}")
     print(f"serving {model.name} ({model.provenance}) at http://{args.host}:{args.port}/v1; drive it with "

@@ -212,14 +212,12 @@ def _load_default(place: Placement) -> tuple[Any, Any, str]:
 
 def _load_registered(model: OfflineModel, place: Placement) -> tuple[Any, Any, str]:
     """An offline model installed with `rigkit models install`: its GGUF converted once and cached."""
-    from rigkit.models.install import check_conversion_resources, converted_dir, installed_path
+    from rigkit.models.install import check_conversion_resources, converted_dir, require_installed
 
     converted = converted_dir(model)
     source = f"{model.name} gguf dequantised; {model.provenance}"
     if not (converted / "config.json").exists():
-        gguf = installed_path(model)
-        if gguf is None:
-            raise ModelNotFoundError(f"{model.name} is not installed; install it with: {model.install_command}")
+        gguf = require_installed(model)
         check_conversion_resources(model, converted)
         _convert_gguf(gguf.parent, gguf.name, converted)
     loaded, tokenizer = _from_pretrained(str(converted), place)

@@ -416,16 +416,12 @@ def _offline_tokenizer(model: Any) -> Any:
     """An offline model's tokenizer: its converted copy's, else read from its installed GGUF."""
     from transformers import AutoTokenizer
 
-    from rigkit.models.install import converted_dir, installed_path
+    from rigkit.models.install import converted_dir, require_installed
 
     converted = converted_dir(model)
     if (converted / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(str(converted))
-    gguf = installed_path(model)
-    if gguf is None:
-        from rigkit.errors import ModelNotFoundError
-
-        raise ModelNotFoundError(f"{model.name}'s tokenizer is not installed; install it with: {model.install_command}")
+    gguf = require_installed(model, f"{model.name}'s tokenizer")
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 

@@ -81,6 +81,16 @@ def installed_path(model: OfflineModel) -> Path | None:
         return None
 
 
+def require_installed(model: OfflineModel, what: str = "") -> Path:
+    """The installed file; a `ModelNotFoundError` naming the install command where there is none."""
+    from rigkit.errors import ModelNotFoundError
+
+    path = installed_path(model)
+    if path is None:
+        raise ModelNotFoundError(f"{what or model.name} is not installed; install it with: {model.install_command}")
+    return path
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
