@@ -44,8 +44,8 @@ BENCH_TIER = len(TIERS) - 2  # the benchmarks drive the library, not the command
 # and so does one of these once it is gone, so the list stays true.
 IN_FOLDER_CIRCLES = {
     # opening an index dispatches on its kind to attach, which builds on index and storage
-    frozenset({"rigkit.retrieval.attach", "rigkit.retrieval.index", "rigkit.retrieval.reuse",
-               "rigkit.retrieval.storage"}),
+    frozenset({"rigkit.retrieval.attach", "rigkit.retrieval.index", "rigkit.retrieval.index_build",
+               "rigkit.retrieval.index_manifest", "rigkit.retrieval.reuse", "rigkit.retrieval.storage"}),
 }
 # Turning a config into a part: the defining package and rigkit.build call these, nobody else.
 FACTORIES = {
