@@ -30,7 +30,7 @@ from rigkit.errors import IndexCorruptError, InputError
 from rigkit.retrieval.bm25 import BM25_BACKENDS, BM25Retriever
 from rigkit.retrieval.dense import DenseRetriever
 from rigkit.retrieval.hybrid import HybridRetriever
-from rigkit.retrieval.index_build import DENSE_BACKENDS, build_index, resolve_chunk_size
+from rigkit.retrieval.index_build import DENSE_BACKENDS, build_index_folder, resolve_chunk_size
 from rigkit.retrieval.index_manifest import FORMAT_VERSION, check_manifest, read_manifest
 from rigkit.retrieval.milvus import MilvusRetriever, open_collection
 from rigkit.retrieval.reuse import BuildReport
@@ -68,8 +68,8 @@ class Index:
 
     @classmethod
     def build(cls, corpus: str | Path, out: str | Path, **options: Any) -> Index:
-        """Chunk `corpus`, build both indexes, write them to `out` (options: `build_index`)."""
-        return build_index(cls, corpus, out, **options)
+        """Chunk `corpus`, build both indexes, write them to `out` (options: `build_index_folder`)."""
+        return build_index_folder(cls, corpus, out, **options)
 
     # ------------------------------------------------------------ load
 

@@ -39,7 +39,7 @@ from rigkit.retrieval.tokenize import tokenize_many
 if TYPE_CHECKING:
     from rigkit.retrieval.index import Index
 
-__all__ = ["DENSE_BACKENDS", "build_index", "resolve_chunk_size"]
+__all__ = ["DENSE_BACKENDS", "build_index_folder", "resolve_chunk_size"]
 
 log = logging.getLogger(__name__)
 DENSE_BACKENDS = ("faiss", "milvus")
@@ -60,7 +60,7 @@ def resolve_chunk_size(embedding_model: str, chunk_size: int | None) -> int:
     return chunk_size
 
 
-def build_index(
+def build_index_folder(
     make: Callable[..., Index],
     corpus: str | Path,
     out: str | Path,
