@@ -435,9 +435,14 @@ def test_bench_and_notebooks_build_through_build_and_reset_deciders_with_with_de
     assert not reset, f"{path.name}: another decider by hand (line {reset[0]}); use config.with_decider(name)"
 
 
+# Parts that rigkit.build composes from a config: a script or notebook that makes one wires by hand.
+COMPOSED = ("HybridRetriever", "RerankedRetriever", "FilteredRetriever", "SourcesRetriever", "ContextManager")
+
+
 def built_by_hand(tree: ast.AST) -> tuple[list[str], list[int]]:
-    """The config-to-part factories a script or notebook names, and where it resets a decider by hand."""
-    found = {f for n in ast.walk(tree) for f in FACTORIES
+    """The config-to-part factories and composed parts a script or notebook names, and where it
+    resets a decider by hand."""
+    found = {f for n in ast.walk(tree) for f in (*FACTORIES, *COMPOSED)
              if isinstance(n, ast.Name) and n.id == f or isinstance(n, ast.Attribute) and n.attr == f
              or isinstance(n, ast.ImportFrom) and any(a.name == f for a in n.names)}
     return sorted(found), deciders_reset_by_hand(tree)
@@ -445,9 +450,10 @@ def built_by_hand(tree: ast.AST) -> tuple[list[str], list[int]]:
 
 def test_a_planted_decider_reset_or_factory_in_bench_fails_the_check():
     planted = "import dataclasses\nfrom rigkit.generation import load_generator\n" \
-              "config = dataclasses.replace(config, decider=DeciderConfig(name='prob'))\n"
+              "config = dataclasses.replace(config, decider=DeciderConfig(name='prob'))\n" \
+              "hybrid = retrieval.hybrid.HybridRetriever({'bm25': bm25, 'dense': dense})\n"
     found, reset = built_by_hand(ast.parse(planted))
-    assert found == ["load_generator"] and reset == [3]
+    assert found == ["HybridRetriever", "load_generator"] and reset == [3]
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
