@@ -22,7 +22,7 @@ def _before(generator, prefix, segment):
 
     from rigkit.generation.hf import crop_cache
 
-    cache = copy.deepcopy(generator._cache)
+    cache = copy.deepcopy(generator.kv.cache)
     crop_cache(cache, len(prefix))
     previous = generator.model.config._attn_implementation
     generator.model.set_attn_implementation("eager")
@@ -30,7 +30,7 @@ def _before(generator, prefix, segment):
         with torch.no_grad():
             out = generator.model(
                 input_ids=torch.tensor([segment.token_ids], device=generator.device), use_cache=True,
-                output_attentions=True, **{generator._cache_kwarg: cache},
+                output_attentions=True, **{generator.kv.kwarg: cache},
             )
     finally:
         generator.model.set_attn_implementation(previous)
@@ -61,18 +61,18 @@ def main() -> None:
     before_ms, after_ms = [], []
     for _ in range(args.trials):
         segment = generator.next_segment(prompt, StopRule(), 24)  # the run's state at a decision
-        prefix = generator._prompt_of(segment)
+        prefix = generator.internals.prompt_of(segment)
         t = time.perf_counter()
         old = _before(generator, prefix, segment)
         before_ms.append((time.perf_counter() - t) * 1000)
-        generator._internals_key = None  # no memo: measure the pass itself
+        generator.internals.key = None  # no memo: measure the pass itself
         t = time.perf_counter()
         new = generator.segment_attention(segment)
         after_ms.append((time.perf_counter() - t) * 1000)
         worst = max(abs(a - b) for ra, rb in zip(old, new) for a, b in zip(ra, rb))
         assert worst < 1e-3, f"attention differs by {worst}"
     b, a = statistics.median(before_ms), statistics.median(after_ms)
-    cache_mb = sum(t.numel() * t.element_size() for layer in generator._cache.layers
+    cache_mb = sum(t.numel() * t.element_size() for layer in generator.kv.cache.layers
                    for t in (layer.keys, layer.values)) / 2**20
     print(f"model {args.model} on {generator.device}, prompt {len(generator.encode(prompt))} tokens, "
           f"segment {len(segment.token_ids)} tokens, KV cache {cache_mb:.0f} MiB")

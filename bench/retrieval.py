@@ -33,10 +33,11 @@ from common import ROOT, out_dir, parser, save  # (also puts the source tree on 
 
 from rigkit.corpus import Chunk
 from rigkit.retrieval.bm25 import BM25Retriever
-from rigkit.retrieval.dense import DenseRetriever, build_faiss_index, embed_texts
-from rigkit.retrieval.hybrid import HybridRetriever
+from rigkit.retrieval.dense import build_faiss_index, embed_texts
 from rigkit.retrieval.ranking import top_indices
 from rigkit.retrieval.tokenize import tokenize_many
+
+MODEL = "all-MiniLM-L6-v2"  # the embedder of every dense figure here
 
 SETS = ("2wikimultihopqa", "musique")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"(])")
@@ -96,7 +97,7 @@ def latency(fn, items) -> float:
     return statistics.median(times)
 
 
-def bench_bm25(chunks, queries, n_slow: int) -> tuple[dict, BM25Retriever]:
+def bench_bm25(chunks, queries, n_slow: int) -> dict:
     tokens, t_tok = timed(tokenize_many, [c.index_text for c in chunks])
     fast, t_fast = timed(BM25Retriever.build, chunks, "bm25s", "lucene", 1.5, 0.75, tokens)
     ref, t_ref = timed(BM25Retriever.build, chunks, "rank_bm25", "lucene", 1.5, 0.75, tokens)
@@ -117,7 +118,7 @@ def bench_bm25(chunks, queries, n_slow: int) -> tuple[dict, BM25Retriever]:
         "rank_bm25_query_ms": lat_ref * 1e3,
         "top10_identical_share": float(agree),
         "rank_bm25_queries": len(sample),
-    }, fast
+    }
 
 
 def cached_embeddings(
@@ -188,23 +189,29 @@ def bench_dense(chunks, queries, embedder, batch_size: int, cache: Path, budget_
     return out, vectors
 
 
-def bench_hybrid(chunks, vectors, bm25: BM25Retriever, embedder, queries, n_queries: int) -> dict:
-    """A hybrid query (BM25 + dense, RRF, top 3) on the chunks embedded so far: first with every
-    query new (its vector is computed), then the same queries again (vectors served from the
-    retriever's query cache), and the embedding of one query alone."""
+def bench_hybrid(chunks, vectors, embedder, queries, n_queries: int) -> dict:
+    """A hybrid query (BM25 + dense, RRF, top 3) on the chunks embedded so far, through an index
+    of them and `rigkit.build` as a run gets it: first with every query new (its vector is
+    computed), then the same queries again (vectors served from the retriever's query cache),
+    and the embedding of one query alone."""
+    import tempfile
+
+    from rigkit.build import build_retriever
+    from rigkit.config import RetrievalConfig
+
     chunks = chunks[: len(vectors)]
-    if len(chunks) < len(bm25.chunks):  # a budget-limited run: BM25 over the same chunks
-        bm25 = BM25Retriever.build(chunks, "bm25s", "lucene", 1.5, 0.75, tokenize_many(c.index_text for c in chunks))
-    dense = DenseRetriever(chunks, build_faiss_index(vectors, "flat"), "all-MiniLM-L6-v2", embedder)
-    hybrid = HybridRetriever({"bm25": bm25, "dense": dense})
-    sample = list(dict.fromkeys(queries))[:n_queries]
-    hybrid.search(sample[0], 3)  # warm-up: the full score matrix for exact ranks, lazy imports
-    fresh = [q + " ?" for q in sample]  # never seen by the warm-up or the query cache
-    miss = latency(lambda q: hybrid.search(q, 3), fresh)
-    hit = latency(lambda q: hybrid.search(q, 3), fresh)
-    encode = latency(lambda q: embed_texts(embedder, [q]), sample)
-    dense_only = latency(lambda q: dense.search(q, 3), [q + " !" for q in sample])
-    bm25_only = latency(lambda q: bm25.search(q, 3), sample)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_index(chunks, vectors, Path(tmp) / "index")
+        hybrid = build_retriever(RetrievalConfig(index=str(path), mode="hybrid", embedding_model=MODEL))
+        bm25, dense = hybrid.retrievers["bm25"], hybrid.retrievers["dense"]
+        sample = list(dict.fromkeys(queries))[:n_queries]
+        hybrid.search(sample[0], 3)  # warm-up: the full score matrix for exact ranks, lazy imports
+        fresh = [q + " ?" for q in sample]  # never seen by the warm-up or the query cache
+        miss = latency(lambda q: hybrid.search(q, 3), fresh)
+        hit = latency(lambda q: hybrid.search(q, 3), fresh)
+        encode = latency(lambda q: embed_texts(embedder, [q]), sample)
+        dense_only = latency(lambda q: dense.search(q, 3), [q + " !" for q in sample])
+        bm25_only = latency(lambda q: bm25.search(q, 3), sample)
     return {
         "chunks": len(chunks), "queries": len(sample),
         "hybrid_query_ms": miss * 1e3, "hybrid_query_cached_vector_ms": hit * 1e3,
@@ -251,24 +258,32 @@ class _KnownVectors:
 def ensure_bench_index(n_chunks: int, path: Path, cache: Path | None = None, batch_size: int = 128) -> Path:
     """The `n_chunks` window chunks saved as an ordinary rigkit index at `path` (built once, from
     the cached vectors; missing slices are embedded first)."""
-    import tempfile
-
     from rigkit.embeddings import load_embedder
-    from rigkit.retrieval import Index
 
     chunks = window_chunks(n_chunks)
     manifest = path / "manifest.json"
     if manifest.exists() and json.loads(manifest.read_text())["chunks"] == len(chunks):
         return path
-    vectors, _ = cached_embeddings(chunks, load_embedder("all-MiniLM-L6-v2"), batch_size,
-                                   cache or _default_cache(), 0)
+    vectors, _ = cached_embeddings(chunks, load_embedder(MODEL), batch_size, cache or _default_cache(), 0)
+    save_index(chunks, vectors, path)
+    print(f"saved the {len(chunks):,}-chunk benchmark index in {path}", flush=True)
+    return path
+
+
+def save_index(chunks, vectors: np.ndarray, path: Path) -> Path:
+    """`chunks` (one document each) saved as an ordinary rigkit index at `path`, with their
+    already computed `vectors` (nothing is embedded again)."""
+    import tempfile
+
+    from rigkit.retrieval import Index
+
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "windows.jsonl"
         with open(corpus, "w", encoding="utf-8") as fh:
             for c in chunks:
                 fh.write(json.dumps({"id": c.chunk_id, "title": c.title, "text": c.text}) + "\n")
-        Index.build(corpus, path, split=False, embedder=_KnownVectors([c.index_text for c in chunks], vectors))
-    print(f"saved the {len(chunks):,}-chunk benchmark index in {path}", flush=True)
+        Index.build(corpus, path, embedding_model=MODEL, split=False,
+                    embedder=_KnownVectors([c.index_text for c in chunks], vectors))
     return path
 
 
@@ -319,7 +334,7 @@ def main(argv=None) -> int:
         f"{len(queries)} real questions as queries; {args.threads} threads",
         flush=True,
     )
-    bm25, fast = bench_bm25(chunks, queries, args.slow_queries)
+    bm25 = bench_bm25(chunks, queries, args.slow_queries)
     print(
         f"bm25s     : index {bm25['bm25s_index_s']:.1f} s, query {bm25['bm25s_query_ms']:.2f} ms (median)"
     )
@@ -329,10 +344,10 @@ def main(argv=None) -> int:
         flush=True,
     )
     args.cache = args.cache or _default_cache()
-    embedder = load_embedder("all-MiniLM-L6-v2")
+    embedder = load_embedder(MODEL)
     dense, vectors = bench_dense(chunks, queries, embedder, args.batch_size, args.cache,
                                  args.embed_budget, args.rate_sample)
-    hybrid = bench_hybrid(chunks, vectors, fast, embedder, queries, args.hybrid_queries)
+    hybrid = bench_hybrid(chunks, vectors, embedder, queries, args.hybrid_queries)
     ratios = report(len(chunks), bm25, dense, hybrid)
     figures = {"chunks": len(chunks), "threads": args.threads, "bm25": bm25, "dense": dense,
                "hybrid": hybrid, "ratios": ratios}

@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rigkit.config import DeciderConfig, GeneratorConfig, QueryConfig, RetrievalConfig, RunConfig
+from rigkit.config import (
+    ContextConfig,
+    DeciderConfig,
+    GeneratorConfig,
+    QueryConfig,
+    RetrievalConfig,
+    RunConfig,
+)
 from rigkit.context import ContextManager
 from rigkit.controller import RIGController
 from rigkit.deciders import Decider
@@ -37,6 +44,7 @@ __all__ = [
     "build_retriever",
     "build_decider",
     "build_index",
+    "build_context",
     "build_queries",
     "with_reranker",
     "with_filters",
@@ -196,6 +204,18 @@ def assemble(
     return _run(config, generator, retriever, decider, callbacks, markers, query_builder).controller
 
 
+def build_context(
+    config: ContextConfig, generator: Generator, markers: bool = False, **extras: Any,
+) -> ContextManager:
+    """The context manager `config` describes, over `generator`'s tokenizer, chat template and
+    window, in the config's marker protocol; `markers`: the system prompt teaches it. `extras`:
+    `ContextManager`'s compressor, summarizer, tools_prompt."""
+    protocol = resolve_protocol(config.marker_protocol, config.marker_tag)
+    return ContextManager(config, generator.count_tokens, generator.render_chat,
+                          context_limit=generator.context_limit, use_markers=markers, protocol=protocol,
+                          **extras)
+
+
 def uses_markers(config: RunConfig) -> bool:
     """Whether the system prompt must teach the marker protocol."""
     names = [config.decider.name] + [m.name for m in config.decider.members]
@@ -217,9 +237,8 @@ def _run(
     if serving.queries is not None:
         query_builder = serving.queries(query_builder)
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
-    context = ContextManager(
-        config.context, generator.count_tokens, generator.render_chat,
-        context_limit=generator.context_limit, use_markers=markers, protocol=protocol,
+    context = build_context(
+        config.context, generator, markers,
         compressor=_compressor(config, generator, retriever),
         summarizer=_summarizer(config, generator, serving.check_stop),
         tools_prompt=serving.tools_prompt(protocol) if serving.tools_prompt is not None else "",

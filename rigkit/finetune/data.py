@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rigkit.build import build_context
 from rigkit.config import ContextConfig
 from rigkit.context import ContextManager
 from rigkit.datasets import load_qa, split_questions
@@ -321,7 +322,7 @@ def build_examples(
     Examples longer than `max_tokens` are skipped (counted in the returned stats).
     """
     config = context_config or ContextConfig(max_passage_tokens=80)
-    context = ContextManager(config, generator.count_tokens, generator.render_chat, use_markers=True)
+    context = build_context(config, generator, markers=True)
     examples: list[MarkerExample] = []
     stats = {"questions": 0, "no_steps": 0, "too_long": 0}
     single_questions: set[str] = set()

@@ -43,12 +43,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, GeneratorConfig
 from rigkit.errors import InputError
-from rigkit.generation.chat_stream import MAX_TOKEN_CHARS, choice_zero, stream_events
+from rigkit.generation.chat_stream import choice_zero, stream_events
+from rigkit.generation.openai_stream import (
+    Server,
+    StreamedTokens,
+    probe_server,
+    stop_strings,
+    usage_after,
+)
+from rigkit.generation.served_tokenizer import load_tokenizer
 from rigkit.generation.server_replies import (
     ServerError,
     api_key_from_env,
@@ -56,10 +63,7 @@ from rigkit.generation.server_replies import (
     check_not_empty,
     read_event,
     read_json,
-    served_models,
-    shown,
     special_cut,
-    token_scores,
     truncated_entropy,
     usage_count,
 )
@@ -71,7 +75,6 @@ from rigkit.transcript import (
     Piece,
     PieceTokens,
     StopRule,
-    decode_keeping,
     encode_transcript,
     kept_tag_ids,
 )
@@ -79,18 +82,7 @@ from rigkit.transcript import (
 if TYPE_CHECKING:
     from rigkit.config import GeneratorConfig
 
-__all__ = ["OpenAIGenerator", "ServerError", "truncated_entropy"]
-
-MAX_STOP_STRINGS = 4
-
-
-@dataclass
-class _Server:
-    """What the one-time probe of `/models` found."""
-
-    models: list[str]
-    vllm: bool  # vLLM takes token-id prompts, returns token ids and keeps stop strings on request
-    sglang: bool = False  # SGLang takes `skip_special_tokens` (text back, not token ids)
+__all__ = ["OpenAIGenerator", "ServerError", "load_tokenizer", "truncated_entropy"]
 
 
 class OpenAIGenerator:
@@ -128,7 +120,7 @@ class OpenAIGenerator:
         self._client = ServerClient(self.base_url, name="model server", error=ServerError, api_key=api_key,
                                     timeout=timeout, retries=max_retries, backoff=backoff, transport=transport)
         self._lock = threading.Lock()
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._piece_tokens = PieceTokens(tokenizer)  # scaffold text, tokenised once
         self._special_tags_at_risk = False  # kept tags are special tokens the server may skip
         self._question_seed: int | None = None  # set by reset(): one question's sampled requests
@@ -184,37 +176,37 @@ class OpenAIGenerator:
         if server.vllm:
             body.update(return_tokens_as_token_ids=True, include_stop_str_in_output=True,
                         skip_special_tokens=False)
-            if strings := _stop_strings(stop):
+            if strings := stop_strings(stop):
                 body["stop"] = strings
         elif server.sglang and stop.keep:
             body["skip_special_tokens"] = False
         elif stop.keep and kept_tag_ids(self.tokenizer, stop):
             self._special_tags_at_risk = True  # no way to ask this server: said in `source`
-        texts, token_ids, logprobs, entropies = [], [], [], []
         finish, usage, end, sent, reason = "length", None, None, 0, None
         turn_ends = tuple(s for s in self._specials if s not in stop.keep)  # leaked template tokens
-        keep = kept_tag_ids(self.tokenizer, stop) if server.vllm else frozenset()  # marker tags as text
         where = f"the model server at {self.base_url}/completions"
+        got = StreamedTokens(self.tokenizer, self._piece_tokens, self._lock, server.vllm,
+                             kept_tag_ids(self.tokenizer, stop) if server.vllm else frozenset(), where)
+        texts = got.texts
         events = self._stream("/completions", body)
         try:
             for chunk in events:
                 usage = chunk.get("usage") or usage
                 choice = choice_zero(chunk, where)  # others a server weaves in never reach the answer
                 if choice is not None:
-                    self._read_choice(choice, server, keep, texts, token_ids, logprobs, entropies)
+                    got.read(choice)
                     if choice.get("finish_reason"):
                         reason = choice["finish_reason"]
                         finish = "end_of_turn" if reason == "stop" else "length"
-                capped = _over(texts, max_new_tokens)
+                capped = got.over(max_new_tokens)
                 if capped:  # a server that ignores max_tokens: cut here, its stream closed below
-                    n = max_new_tokens
-                    del texts[n:], token_ids[n:], logprobs[n:], entropies[n:]
+                    got.cut(max_new_tokens)
                     finish = reason = "length"
                 special = special_cut(texts, turn_ends)
                 if special is not None:  # the server wrote a turn's end as text: the answer ends before it
-                    del texts[special:], token_ids[special:], logprobs[special:], entropies[special:]
+                    got.cut(special)
                     finish = reason = "end_of_turn"
-                end = segment_end(texts, logprobs, stop)
+                end = segment_end(texts, got.logprobs, stop)
                 if on_token is not None:
                     upto = len(texts) if end is None else end
                     for piece in texts[sent:upto]:
@@ -225,18 +217,18 @@ class OpenAIGenerator:
                     break  # closing the stream tells the server to stop
                 if end is not None:
                     if server.vllm:  # it stops on the same strings: its last event carries the usage
-                        usage = _usage_after(events, limit=4) or usage
+                        usage = usage_after(events, limit=4) or usage
                     break  # closing the stream tells the server to stop
         finally:
             events.close()
         keep = len(texts)
         if end is not None:
             finish, keep = "stop", end
-        elif finish == "end_of_turn" and token_ids and token_ids[-1] in self.eos_token_ids:
+        elif finish == "end_of_turn" and got.token_ids and got.token_ids[-1] in self.eos_token_ids:
             keep -= 1  # vLLM sends the end-of-turn token too; as in-process, it is not the answer's
         segment = Segment(
-            text="".join(texts[:keep]), tokens=texts[:keep], token_ids=token_ids[:keep],
-            logprobs=logprobs[:keep], entropies=entropies[:keep], finish_reason=finish,
+            text="".join(texts[:keep]), tokens=texts[:keep], token_ids=got.token_ids[:keep],
+            logprobs=got.logprobs[:keep], entropies=got.entropies[:keep], finish_reason=finish,
         )
         # the answer's first segment; a segment written again after passages (regenerate) may end at
         # once: the controller keeps the one it set aside
@@ -280,61 +272,11 @@ class OpenAIGenerator:
     def close(self) -> None:
         self._client.close()
 
-    # -- reading a streamed choice ---------------------------------------------------------
-    def _read_choice(self, choice: dict, server: _Server, keep: frozenset[int], texts: list,
-                     token_ids: list, logprobs: list, entropies: list) -> None:
-        where = f"the model server at {self.base_url}/completions"
-        lp, text = choice.get("logprobs"), choice.get("text")
-        tokens = lp.get("tokens") if isinstance(lp, dict) else None
-        if not tokens:  # the answer is read from the scored tokens: text without them would be lost
-            if text:
-                raise ServerError(
-                    f"{where} sent the text {shown(text)!r} without log-probabilities "
-                    "(choices[0].logprobs.tokens); rigkit reads every token from them (llama.cpp's "
-                    "server: start it with --logits_all true)"
-                )
-            return
-        scores = token_scores(lp, where)
-        tokens = scores.tokens
-        # each token holds a byte at least; up to 3 bytes of a character split across tokens may
-        # come in the next chunk's text (vLLM holds them back)
-        if len(tokens) > 3 + (len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0):
-            raise ServerError(f"{where} sent {len(tokens)} token scores for the text {shown(text or '')!r}: "
-                              "they do not line up with its tokens (each token holds at least one byte)")
-        if server.vllm:
-            new_ids = [_token_id(t) for t in tokens]
-            texts.extend(self._texts_of(token_ids, new_ids, keep))
-            token_ids.extend(new_ids)
-        else:
-            texts.extend(tokens)
-            token_ids.extend(self._id_of(t) for t in tokens)
-        logprobs.extend(scores.logprobs)
-        entropies.extend(truncated_entropy(top) for top in scores.tops)
-
-    def _texts_of(self, before: list[int], new_ids: list[int], keep: frozenset[int]) -> list[str]:
-        """Per-token text of `new_ids` following `before` (multi-byte safe, like the HF backend)."""
-        with self._lock:
-            head = decode_keeping(self.tokenizer, before, keep)
-            out = []
-            for i in range(len(new_ids)):
-                text = decode_keeping(self.tokenizer, before + new_ids[: i + 1], keep)
-                if text.endswith("\ufffd"):
-                    out.append("")
-                    continue
-                out.append(text[len(head):])
-                head = text
-            return out
-
     def _text_tokens(self, text: str) -> int:
         """Tokens a text-prompt server reads in `text`: the whole string tokenised with special
         tokens parsed, as such a server does (not the sum of the pieces' own counts)."""
         with self._lock:
             return len(self.tokenizer(text, add_special_tokens=False).input_ids)
-
-    def _id_of(self, token_text: str) -> int:
-        """A text-mode token's id, re-tokenised locally (the server only sent its text)."""
-        ids = self._piece_tokens(token_text)
-        return ids[0] if ids else (self.tokenizer.unk_token_id or 0)
 
     def reset(self, seed: int | None = None) -> None:
         """A new question: its sampled requests are seeded from `seed`, a seed per request in order,
@@ -361,93 +303,17 @@ class OpenAIGenerator:
 
         return int(np.random.SeedSequence((self._question_seed % 2**64, request)).generate_state(1)[0] >> 1)
 
-    def _token_prompts(self, server: _Server) -> bool:
+    def _token_prompts(self, server: Server) -> bool:
         return self.prompt_format == "tokens" or (self.prompt_format == "auto" and server.vllm)
 
     # -- HTTP ------------------------------------------------------------------------------
-    def _probe(self) -> _Server:
+    def _probe(self) -> Server:
         """Once: list the served models, check ours is among them, and learn the server kind."""
         with self._lock:
             if self._server is None:
-                where = f"the model server at {self.base_url}/models"
-                data = served_models(read_json(self._client.request("GET", "/models").text, where), where)
-                names = [str(m.get("id")) for m in data]
-                if names and self.spec not in names:
-                    raise ServerError(
-                        f"model {self.spec!r} is not served at {self.base_url}; it serves: {', '.join(names)}"
-                    )
-                owner = str(next((m.get("owned_by") for m in data if m.get("id") == self.spec), "")).lower()
-                self._server = _Server(names, vllm=owner == "vllm", sglang=owner == "sglang")
+                self._server = probe_server(self._client, self.base_url, self.spec)
             return self._server
 
     def _stream(self, path: str, body: dict) -> Iterator[dict]:
         """Parsed server-sent events of a streamed completion, until `[DONE]` or the caller stops."""
         return stream_events(self._client, path, body)
-
-
-def load_tokenizer(name: str, trust_remote_code: bool = GeneratorConfig.trust_remote_code) -> Any:
-    """The served model's tokenizer by hub name or path; the default short name stays offline."""
-    from rigkit.generation.default_model import DEFAULT_MODEL, default_tokenizer
-
-    if name.lower() == DEFAULT_MODEL:
-        return default_tokenizer()
-    from transformers import AutoTokenizer
-
-    from rigkit.models.registry import MODELS
-
-    if name.lower() in MODELS:
-        return _offline_tokenizer(MODELS[name.lower()])
-
-    try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise InputError(
-            f"cannot load the tokenizer {name!r} ({type(err).__name__}); name the served model's tokenizer "
-            "with generator.tokenizer (a hub id or a local folder)"
-        ) from None
-
-
-def _over(texts: list[str], max_tokens: int) -> bool:
-    """More tokens than asked for, or more text than they could spell (`MAX_TOKEN_CHARS` each)."""
-    return len(texts) > max_tokens or sum(map(len, texts)) > max_tokens * MAX_TOKEN_CHARS
-
-
-def _offline_tokenizer(model: Any) -> Any:
-    """An offline model's tokenizer: its converted copy's, else read from its installed GGUF."""
-    from transformers import AutoTokenizer
-
-    from rigkit.models.install import converted_dir, require_installed
-
-    converted = converted_dir(model)
-    if (converted / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(converted))
-    gguf = require_installed(model, f"{model.name}'s tokenizer")
-    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-
-
-def _stop_strings(stop: StopRule) -> list[str]:
-    """Strings a server can stop on that the stop rule also ends at (it checks the rest)."""
-    strings = [stop.marker_close] if stop.marker_close else []
-    if stop.sentence:
-        strings += [". ", "? ", "! ", ".\n"]
-    return strings[:MAX_STOP_STRINGS]
-
-
-def _token_id(token: str) -> int:
-    """vLLM's `token_id:123` form (`return_tokens_as_token_ids`)."""
-    number = token.removeprefix("token_id:")
-    if number == token or not number.isdigit():
-        raise ServerError(f"expected a token id from the server, got {token!r}")
-    return int(number)
-
-
-def _usage_after(events: Iterator[dict], limit: int) -> dict | None:
-    """The usage event that ends a stream, read past at most `limit` further token events."""
-    for chunk in events:
-        if chunk.get("usage"):
-            return chunk["usage"]
-        limit -= 1
-        if limit < 0:
-            return None
-    return None
-

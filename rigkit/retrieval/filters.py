@@ -11,8 +11,9 @@ N is a number or an ISO 8601 date (`2024-01-01`, `2024-01-01T12:00:00+00:00`; a 
 that day's first instant; a time without a zone is read as UTC when the other side has one).
 Equality compares numbers as numbers and dates as dates (`year=1990` matches the integer 1990), a
 list-valued field matches when any element does, and a chunk without the field matches no
-condition on it but `!=`. Filtering happens inside the retrievers, before `top_k` is cut, so a
-filtered search still returns `top_k` hits when that many chunks pass (`ChunkFilter.mask`).
+condition on it but `!=` (parsing and comparing: `rigkit.retrieval.filter_spec`). Filtering
+happens inside the retrievers, before `top_k` is cut, so a filtered search still returns `top_k`
+hits when that many chunks pass (`ChunkFilter.mask`).
 """
 
 from __future__ import annotations
@@ -20,16 +21,22 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
-import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import numpy as np
 
-from rigkit.errors import InputError
+from rigkit.retrieval.filter_spec import (
+    FORMS,
+    RANGES,
+    Condition,
+    FilterError,
+    Filters,
+    compared_as,
+    ordered_key,
+    parse_filters,
+)
 
 __all__ = [
     "FilterError",
@@ -46,226 +53,8 @@ __all__ = [
     "FORMS",
 ]
 
-FORMS = ("key=value, key=a,b (any of), key!=value, key>=N, key>N, key<=N or key<N "
-         "(N a number or an ISO 8601 date such as 2024-01-01)")
-_OPS = {">=": "gte", "<=": "lte", "!=": "ne", ">": "gt", "<": "lt", "=": "eq"}
-_SYMBOLS = {name: symbol for symbol, name in _OPS.items()} | {"in": "="}
-_RANGES = ("gt", "gte", "lt", "lte")
-_TEXT = re.compile(r"^\s*([^=<>!]*?)\s*(>=|<=|!=|=|>|<)\s*(.*?)\s*$", re.S)
-_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 _BUILT_IN = ("doc_id", "title")  # chunk fields that are not in its metadata but can be filtered
 _MASKS_KEPT = 32  # filters whose chunk masks a retriever keeps (one per distinct request filter)
-
-
-class FilterError(InputError):
-    """A filter that cannot be used: malformed, an unknown key, a range on text, or no match."""
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One test on one metadata field. `op`: eq | in | ne | gt | gte | lt | lte."""
-
-    key: str
-    op: str
-    value: Any  # a scalar; a tuple for "in"; a float or an aware datetime for a range
-    given: Any = field(default=None, compare=False)  # a range's bound as written (shown, sent)
-
-    def __str__(self) -> str:
-        shown = ",".join(map(str, self.value)) if self.op == "in" else str(self.written)
-        return f"{self.key}{_SYMBOLS[self.op]}{shown}"
-
-    @property
-    def written(self) -> Any:
-        return self.value if self.given is None else self.given
-
-    def test(self, have: Any) -> bool:
-        """Whether a chunk whose field holds `have` (None: the chunk lacks it) passes."""
-        if have is None:
-            return self.op == "ne"
-        if self.op == "eq":
-            return _equal(have, self.value)
-        if self.op == "in":
-            return any(_equal(have, v) for v in self.value)
-        if self.op == "ne":
-            return not _equal(have, self.value)
-        return _in_range(have, self.op, self.value)
-
-
-@dataclass(frozen=True)
-class Filters:
-    """Conditions that must all hold (frozen and hashable: retrievers cache a mask per filter)."""
-
-    conditions: tuple[Condition, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.conditions)
-
-    def __str__(self) -> str:
-        return " and ".join(map(str, self.conditions))
-
-    def __and__(self, other: Filters | None) -> Filters:
-        return self if not other else Filters(self.conditions + other.conditions)
-
-    @property
-    def keys(self) -> list[str]:
-        return list(dict.fromkeys(c.key for c in self.conditions))
-
-    def matches(self, fields: Mapping[str, Any]) -> bool:
-        return all(c.test(fields.get(c.key)) for c in self.conditions)
-
-    def to_json(self) -> list[dict[str, Any]]:
-        """The JSON form a server reads back with `parse_filters` (one object per condition)."""
-        def plain(value: Any) -> Any:
-            return value.isoformat() if isinstance(value, datetime) else value
-
-        return [{c.key: {c.op: [plain(v) for v in c.value] if c.op == "in" else plain(c.written)}}
-                for c in self.conditions]
-
-
-def parse_filters(spec: Any) -> Filters | None:
-    """Filters from any accepted form: None, `Filters`, a `key>=N` string, a list of strings
-    and/or mappings, or a mapping `{key: value | [values] | {op: bound}}`. None when empty."""
-    if spec is None or isinstance(spec, Filters):
-        return spec or None
-    if isinstance(spec, str):
-        conditions = [_parse_text(spec)]
-    elif isinstance(spec, Mapping):
-        conditions = [c for key, value in spec.items() for c in _parse_entry(key, value)]
-    elif isinstance(spec, Sequence):
-        conditions = []
-        for item in spec:
-            if isinstance(item, str):
-                conditions.append(_parse_text(item))
-            elif isinstance(item, Mapping):
-                conditions.extend(c for key, value in item.items() for c in _parse_entry(key, value))
-            else:
-                raise FilterError(f"a filter list holds strings or objects, not {_shown(item)}; forms: {FORMS}")
-    else:
-        raise FilterError(f"filters are a mapping, a list or a string, not {_shown(spec)}; forms: {FORMS}")
-    return Filters(tuple(conditions)) or None
-
-
-def _parse_text(text: str) -> Condition:
-    match = _TEXT.match(text)
-    key, symbol, value = match.groups() if match else ("", "", "")
-    if not key or not value or value[0] in "=<>!":
-        raise FilterError(f"malformed filter {text!r}; accepted forms: {FORMS}")
-    op = _OPS[symbol]
-    if op == "eq" and "," in value:
-        return Condition(key, "in", tuple(v.strip() for v in value.split(",") if v.strip()))
-    if op in _RANGES:
-        return Condition(key, op, _bound(key, symbol, value), value)
-    return Condition(key, op, value)
-
-
-def _parse_entry(key: Any, value: Any) -> list[Condition]:
-    if not isinstance(key, str) or not key.strip():
-        raise FilterError(f"a filter key is a non-empty string, not {_shown(key)}")
-    if isinstance(value, Mapping):
-        conditions = []
-        for op, bound in value.items():
-            if op not in (*_RANGES, "eq", "ne", "in"):
-                raise FilterError(f"filter {key}: unknown operator {op!r}; use eq, ne, in, gt, gte, lt or lte")
-            if op == "in":
-                conditions.append(Condition(key, "in", _values(key, bound)))
-            elif op in _RANGES:
-                conditions.append(Condition(key, op, _bound(key, _SYMBOLS[op], bound), bound))
-            else:
-                conditions.append(Condition(key, op, _scalar(key, bound)))
-        if not conditions:
-            raise FilterError(f"filter {key}: an empty condition {{}}; give e.g. {{\"gte\": 1990}}")
-        return conditions
-    if isinstance(value, list | tuple):
-        return [Condition(key, "in", _values(key, value))]
-    return [Condition(key, "eq", _scalar(key, value))]
-
-
-def _values(key: str, values: Any) -> tuple[Any, ...]:
-    if not isinstance(values, list | tuple) or not values:
-        raise FilterError(f"filter {key}: 'in' takes a non-empty list of values, not {_shown(values)}")
-    return tuple(_scalar(key, v) for v in values)
-
-
-def _scalar(key: str, value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise FilterError(f"filter {key}: {value!r} is not a finite number")
-    if value is None or not isinstance(value, str | int | float | bool):
-        raise FilterError(f"filter {key}: a value is text, a number or true/false, not {_shown(value)}")
-    return value
-
-
-def _bound(key: str, symbol: str, bound: Any) -> float | datetime:
-    found = None if isinstance(bound, bool) else _ordered(bound)
-    if found is not None:
-        return found[1]
-    raise FilterError(f"filter {key}{symbol}{bound}: the bound {bound!r} is neither a number nor an "
-                      "ISO 8601 date (e.g. 2024-01-01)")
-
-
-# -- comparing values -----------------------------------------------------------------------------
-
-
-def _ordered(value: Any) -> tuple[str, Any] | None:
-    """("number", float) or ("date", aware datetime) when `value` is one, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return ("number", float(value)) if math.isfinite(value) else None
-    if isinstance(value, datetime):
-        return "date", value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-    if isinstance(value, str):
-        text = value.strip()
-        if _NUMBER.match(text):
-            number = float(text)
-            return ("number", number) if math.isfinite(number) else None
-        if _DATE.match(text):
-            try:
-                moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-            except ValueError:
-                return None
-            return "date", moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-    return None
-
-
-def _equal(have: Any, want: Any) -> bool:
-    if isinstance(have, list | tuple):
-        return any(_equal(h, want) for h in have)
-    if isinstance(have, bool) or isinstance(want, bool):
-        return _truth(have) is not None and _truth(have) == _truth(want)
-    a, b = _ordered(have), _ordered(want)
-    if a is not None and b is not None and a[0] == b[0]:
-        return a[1] == b[1]
-    return str(have) == str(want)
-
-
-def compared_as(value: Any) -> str:
-    """How a filter compares `value` (stored or asked for): "bool" (a boolean, or text reading
-    true/false), "number" or "date" (text that reads as one too), "list", "text", or "other"."""
-    if isinstance(value, bool) or (isinstance(value, str) and _truth(value) is not None):
-        return "bool"
-    if isinstance(value, list | tuple):
-        return "list"
-    found = _ordered(value)
-    if found is not None:
-        return found[0]
-    return "text" if isinstance(value, str) else "other"
-
-
-def _truth(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    return {"true": True, "false": False}.get(str(value).strip().lower())
-
-
-def _in_range(have: Any, op: str, bound: Any) -> bool:
-    if isinstance(have, list | tuple):
-        return any(_in_range(h, op, bound) for h in have)
-    a, b = _ordered(have), _ordered(bound)
-    if a is None or b is None or a[0] != b[0]:
-        return False
-    x, y = a[1], b[1]
-    return x > y if op == "gt" else x >= y if op == "gte" else x < y if op == "lt" else x <= y
 
 
 # -- over a chunk list ----------------------------------------------------------------------------
@@ -339,7 +128,7 @@ class ChunkFilter:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise FilterError(f"unknown filter key {condition.key!r}{hint}; the index's chunks have: "
                               f"{', '.join(self.keys)}")
-        if condition.op in _RANGES:
+        if condition.op in RANGES:
             kind = "date" if isinstance(condition.value, datetime) else "number"
             held = {k for k in map(_kind, column[0]) if k}
             if kind not in held:
@@ -363,9 +152,9 @@ class ChunkFilter:
         """What the field holds: a range of numbers or dates, or some of its distinct values."""
         distinct = (self.column(key) or ([], None))[0]
         values = [x for v in distinct for x in (v if isinstance(v, list | tuple) else [v])]
-        ordered = [o for o in map(_ordered, values) if o is not None]
+        ordered = [o for o in map(ordered_key, values) if o is not None]
         if ordered and len(ordered) == len(values) and len({k for k, _ in ordered}) == 1:
-            low, high = min(values, key=lambda v: _ordered(v)[1]), max(values, key=lambda v: _ordered(v)[1])
+            low, high = min(values, key=lambda v: ordered_key(v)[1]), max(values, key=lambda v: ordered_key(v)[1])
             return f"{low} to {high}" if low != high else f"only {low}"
         distinct = sorted({str(v) for v in values})
         more = f", ... ({len(distinct)} values)" if len(distinct) > shown else ""
@@ -395,12 +184,10 @@ def _slot(value: Any) -> Any:
 def _kind(value: Any) -> str | None:
     if isinstance(value, list | tuple):
         return next((k for k in map(_kind, value) if k), None)
-    found = _ordered(value)
+    found = ordered_key(value)
     return found[0] if found else None
 
 
-def _shown(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
 
 
 # -- retrievers -----------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def previous_index(out: Path, embedding_model: str, chunking: dict[str, Any]) ->
     """The index at `out` when its vectors can be reused for this build, else None."""
     from rigkit.embeddings import canonical_model_name
     from rigkit.errors import RigkitError
-    from rigkit.retrieval.index import read_manifest
+    from rigkit.retrieval.index_manifest import read_manifest
     from rigkit.retrieval.storage import verify_files
 
     if not (out / "manifest.json").exists():

@@ -4,7 +4,8 @@ Two sources, one view. Replay: `RoundStepper(result)` shows a saved `RIGResult` 
 Live: `RoundStepper.live(controller, question)` pulls one `RoundTrace` at a time from
 `controller.stream(question)`, so "next" at the last shown round runs one more round of the model
 in the kernel. The widget holds no loop logic: it only advances the controller's iterator and
-renders each trace with the pure functions in `rigkit.widgets.render` / `figures`.
+renders each trace with the panes of `rigkit.widgets.stepper_parts` (pure functions of
+`rigkit.widgets.render` / `figures`).
 
 Markers are boxed with the run's own marker protocol (`marker_protocol=`, else the one a live
 controller or a replayed run's config names, else `<marker_tag>`).
@@ -21,10 +22,10 @@ from typing import Any
 
 import ipywidgets as W
 
-from rigkit.controller import RoundCallback
 from rigkit.markers import MarkerProtocol, MarkerProtocolError, resolve_protocol
 from rigkit.trace import RIGResult, RoundTrace
-from rigkit.widgets import figures, render, summary
+from rigkit.widgets import summary
+from rigkit.widgets.stepper_parts import RoundPanes, StepperControls
 
 __all__ = ["RoundStepper", "ControllerFactory", "decider_names", "config_factory"]
 
@@ -90,11 +91,22 @@ class RoundStepper(W.VBox):
         self._controller: Any = None
         self._stream: Iterator[RoundTrace] | None = None
         self._error: str | None = None  # the last failure, shown in the status line
-        self._build_controls(deciders)
-        self._build_panes()
-        budget: Any = W.HBox([self.budget_plot, W.VBox([self.budget_pane, self.timings_pane])])
-        if lecture:  # folded away: a projector has room for the draft, the decision and the search
-            budget = W.Accordion([budget], titles=("token budget and timings",), selected_index=None)
+        self.controls = StepperControls(deciders if deciders is not None else decider_names())
+        self.panes = RoundPanes()
+        # the widgets stay reachable on the stepper: notebooks and tests drive them there
+        c, p = self.controls, self.panes
+        self.prev_button, self.next_button, self.slider = c.prev_button, c.next_button, c.slider
+        self.decider_picker, self.threshold_picker = c.decider_picker, c.threshold_picker
+        self.rerun_button, self.status = c.rerun_button, c.status
+        self.header, self.draft_pane, self.writing_pane = p.header, p.draft_pane, p.writing_pane
+        self.decision_pane, self.query_pane, self.hits_pane = p.decision_pane, p.query_pane, p.hits_pane
+        self.budget_pane, self.timings_pane, self.answer_pane = p.budget_pane, p.timings_pane, p.answer_pane
+        self.budget_plot = p.budget_plot
+        self.prev_button.on_click(lambda _: self.show(self.index - 1))
+        self.next_button.on_click(lambda _: self.next())
+        self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
+        self.rerun_button.on_click(lambda _: self.rerun())
+        budget = self.panes.budget_box(lecture)
         super().__init__(
             ([W.HTML(LECTURE_STYLE)] if lecture else [])
             + [self.header, self.controls, self.draft_pane, self.writing_pane, W.HBox([self.decision_pane,
@@ -144,65 +156,13 @@ class RoundStepper(W.VBox):
 
     def _attach(self, controller: Any, start: bool) -> None:
         self._controller = controller
-        if hasattr(controller, "callbacks") and self._writer not in controller.callbacks:
-            controller.callbacks.append(self._writer)  # the segment being written, token by token
+        if hasattr(controller, "callbacks") and self.panes.writer not in controller.callbacks:
+            controller.callbacks.append(self.panes.writer)  # the segment being written, token by token
         self._stream = iter(controller.stream(self.question))
         self.result, self.rounds, self.index, self._error = None, [], 0, None
         if start:
             self._advance()
         self._refresh()
-
-    # ------------------------------------------------------------------------------ widgets
-    def _build_controls(self, deciders: Sequence[str] | None) -> None:
-        self.prev_button = W.Button(description="◀ previous", tooltip="previous round")
-        self.next_button = W.Button(description="next ▶", tooltip="next round (runs it when live)")
-        # 1-based, like the "Round i of n" header
-        self.slider = W.IntSlider(value=1, min=1, max=1, description="round",
-                                  continuous_update=False)
-        names = list(deciders) if deciders is not None else decider_names()
-        self.decider_picker = W.Dropdown(options=names, description="decider",
-                                         layout=W.Layout(width="200px"))
-        # free text: thresholds are in each decider's own unit (probability, nats, tokens)
-        self.threshold_picker = W.Text(value="", placeholder="decider default",
-                                       description="threshold", layout=W.Layout(width="220px"))
-        self.rerun_button = W.Button(description="re-run", tooltip="re-run with this decider")
-        self.status = W.HTML()
-        for widget, cls in ((self.prev_button, "prev"), (self.next_button, "next"),
-                            (self.slider, "slider"), (self.decider_picker, "decider"),
-                            (self.threshold_picker, "threshold"), (self.rerun_button, "rerun"),
-                            (self.status, "status")):
-            widget.add_class(f"rigkit-{cls}")
-        self.prev_button.on_click(lambda _: self.show(self.index - 1))
-        self.next_button.on_click(lambda _: self.next())
-        self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
-        self.rerun_button.on_click(lambda _: self.rerun())
-        # a threshold means nothing in another decider's unit: switching resets it to the default
-        self.decider_picker.observe(lambda ch: self._default_threshold(ch["new"]), names="value")
-        self.controls = W.VBox([
-            W.HBox([self.prev_button, self.next_button, self.slider]),
-            W.HBox([self.decider_picker, self.threshold_picker, self.rerun_button, self.status]),
-        ])
-
-    def _build_panes(self) -> None:
-        import plotly.graph_objects as go
-
-        def pane(name: str, width: str | None = None) -> W.HTML:
-            widget = W.HTML(layout=W.Layout(width=width) if width else W.Layout())
-            widget.add_class(f"rigkit-{name}")
-            return widget
-
-        self.header = pane("header")
-        self.draft_pane = pane("draft")
-        self.decision_pane = pane("decision", "50%")
-        self.query_pane = pane("query", "50%")
-        self.hits_pane = pane("hits")
-        self.budget_pane = pane("budget")
-        self.timings_pane = pane("timings")
-        self.answer_pane = pane("answer")
-        self.writing_pane = pane("writing")
-        self._writer = _WritingPane(self.writing_pane)
-        self.budget_plot = go.FigureWidget(figures.budget_figure(RoundTrace(0, *_empty_round())))
-        self.budget_plot.layout.width = 520
 
     # ------------------------------------------------------------------------------ actions
     @property
@@ -247,7 +207,7 @@ class RoundStepper(W.VBox):
             self._error = f"threshold must be a number or empty, got {self.threshold_picker.value!r}"
             self._refresh()
             return
-        self._say(f"building a controller with {name}…")
+        self.controls.say(f"building a controller with {name}…")
         try:
             controller = self.factory(name, thr)
         except Exception as exc:  # shown in the widget: a callback's traceback is invisible
@@ -259,7 +219,7 @@ class RoundStepper(W.VBox):
     def _advance(self) -> bool:
         """Pull one round from the live stream; False (and finish) when it is exhausted."""
         assert self._stream is not None
-        self._busy(True)
+        self.controls.busy(True)
         try:
             trace = next(self._stream)
         except StopIteration:
@@ -270,7 +230,7 @@ class RoundStepper(W.VBox):
             self._error = f"{type(exc).__name__}: {exc}"
             return False
         finally:
-            self._busy(False)
+            self.controls.busy(False)
         self.rounds.append(trace)
         return True
 
@@ -281,43 +241,16 @@ class RoundStepper(W.VBox):
             self.rounds = list(self.result.rounds)
 
     # ------------------------------------------------------------------------------- render
-    def _busy(self, busy: bool) -> None:
-        for button in (self.next_button, self.prev_button, self.rerun_button):
-            button.disabled = busy
-        if busy:
-            self._say("running the next round…")
-
-    def _say(self, text: str, error: bool = False) -> None:
-        color = "#b91c1c" if error else "#555"
-        self.status.value = f'<span style="color:{color};">{render.esc(text)}</span>'
-
     def _refresh(self) -> None:
         n = len(self.rounds)
-        with self.slider.hold_trait_notifications():
-            self.slider.max = max(1, n)
-            self.slider.value = self.index + 1
-        self.prev_button.disabled = self.index <= 0
-        self.next_button.disabled = self.finished and self.index >= n - 1
-        self.rerun_button.disabled = self.factory is None
-        self.decider_picker.disabled = self.threshold_picker.disabled = self.factory is None
+        self.controls.show(self.index, n, self.finished, can_rerun=self.factory is not None)
         self.header.value = summary.round_header_html(
             self.question, self.index, n, self.finished, self.rounds, self.policy
         )
-        self.answer_pane.value = summary.answer_html(self.result) + render.context_html(self.result)
-        self._say(self._status_text(), error=self._error is not None)
-        if not n:
-            self.draft_pane.value = render.draft_html([], 0)
-            return
-        trace = self.rounds[self.index]
-        self._sync_pickers(trace)
-        self.draft_pane.value = render.draft_html(self.rounds, self.index, self.marker_protocol)
-        self.decision_pane.value = render.decision_html(
-            trace.decision, trace.query.intent if trace.query is not None else "")
-        self.query_pane.value = render.query_html(trace.query, trace.error)
-        self.hits_pane.value = render.hits_html(trace.hits, trace.injection)
-        self.budget_pane.value = summary.budget_html(trace)
-        self.timings_pane.value = summary.timings_html(trace.timings)
-        self._update_budget_plot(trace)
+        self.controls.say(self._status_text(), error=self._error is not None)
+        if n:
+            self.controls.sync(self.rounds[self.index])
+        self.panes.show(self.rounds, self.index, self.result, self.marker_protocol)
 
     def _status_text(self) -> str:
         if self._error:
@@ -326,48 +259,6 @@ class RoundStepper(W.VBox):
             return "live: next runs another round"
         return "live run finished" if self._controller is not None else "replay"
 
-    def _default_threshold(self, name: str | None) -> None:
-        """The threshold picker shows `name`'s default in its unit ("0.3 probability" reads 0.3)."""
-        from rigkit.deciders import DECIDERS, default_threshold
-
-        value, unit = default_threshold(name) if name in DECIDERS else (None, "")
-        self.threshold_picker.value = "" if value is None else f"{value:g}"
-        self.threshold_picker.description = f"threshold ({unit})" if unit else "threshold"
-
-    def _sync_pickers(self, trace: RoundTrace) -> None:
-        name = trace.decision.decider
-        if name and name in self.decider_picker.options:
-            self.decider_picker.value = name
-        threshold = trace.decision.threshold
-        self.threshold_picker.value = "" if threshold is None else f"{threshold:g}"
-
-    def _update_budget_plot(self, trace: RoundTrace) -> None:
-        fresh = figures.budget_figure(trace)
-        with self.budget_plot.batch_update():
-            for old, new in zip(self.budget_plot.data, fresh.data, strict=True):
-                old.x = new.x
-            self.budget_plot.layout.shapes = fresh.layout.shapes
-            self.budget_plot.layout.annotations = fresh.layout.annotations
-
-
-class _WritingPane(RoundCallback):
-    """Controller callback: shows the segment's raw tokens while the model writes them."""
-
-    def __init__(self, pane: W.HTML):
-        self.pane, self.text = pane, ""
-
-    def on_round_start(self, index: int, state: Any) -> None:
-        self.text = ""
-        self.pane.value = ""
-
-    def on_token(self, text: str) -> None:
-        self.text += text
-        self.pane.value = (f'<div style="color:#555;"><i>writing…</i> {render.esc(self.text)}'
-                           '<span style="opacity:.5;">▍</span></div>')
-
-    def on_round_end(self, trace: RoundTrace) -> None:
-        self.text = ""
-        self.pane.value = ""
 
 
 def _run_protocol(
@@ -384,9 +275,3 @@ def _run_protocol(
 
 def _parse_threshold(text: str) -> float | None:
     return float(text) if text.strip() else None
-
-
-def _empty_round() -> tuple[Any, Any]:
-    from rigkit.trace import Decision, Segment
-
-    return Segment(text=""), Decision(False, 0.0, "")
