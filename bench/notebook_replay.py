@@ -3,7 +3,7 @@
 Each notebook runs top to bottom in a real Jupyter kernel (nbclient), as the notebook tests do,
 once with RIGKIT_REPLAY=1 and, unless --replay-only, once with RIGKIT_REPLAY=0. Printed: seconds
 each way, live / replay, and replay against the classroom goal of 60 s per notebook. Notebooks
-without a replay switch run the same code both ways (ratio ~1).
+without a replay switch (04, 09: no generator) run the same code both ways (ratio ~1).
 
     python bench/notebook_replay.py                       # every notebook, both ways
     python bench/notebook_replay.py --replay-only 01 02   # names by prefix

@@ -119,10 +119,47 @@ def test_classroom_replays_saved_runs_and_the_environment_wins(monkeypatch, tmp_
 
 
 def test_every_saved_run_loads():
+    from rigkit.classroom import FOLDERS, RECIPES
+    from rigkit.eval import load_run
+
     for path in sorted(SAVED.parent.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
+        assert data["recipe"] in RECIPES, path.name
         for result in data["results"].values():
             assert RIGResult.from_dict(result).rounds, path.name
+    for name, (_, keep) in FOLDERS.items():
+        saved = SAVED.parent / name
+        assert sorted(p.name for p in saved.iterdir()) == sorted(keep), name
+        assert load_run(saved)[1], name
+
+
+def test_classroom_results_and_folders_replay_a_copy_and_run_live(monkeypatch, tmp_path):
+    monkeypatch.setenv("RIGKIT_REPLAY", "1")
+    saved = tmp_path / "saved"
+    (saved / "evaluation").mkdir(parents=True)
+    (saved / "evaluation" / "results.jsonl").write_text("{}\n", encoding="utf-8")
+    room = Classroom(folder=saved)
+    out = room.folder("evaluation", tmp_path / "work", lambda _: pytest.fail("replay must not evaluate"))
+    (out / "results.jsonl").write_text("changed\n", encoding="utf-8")
+    assert (saved / "evaluation" / "results.jsonl").read_text(encoding="utf-8") == "{}\n"  # a copy
+    with pytest.raises(FileNotFoundError, match="python -m rigkit.classroom record missing"):
+        room.folder("missing", tmp_path / "other", lambda _: None)
+    (saved / "two.json").write_text(json.dumps({"recipe": "two", "results": {
+        "a": hand_run("A.").to_dict(), "b": hand_run("B.").to_dict()}}), encoding="utf-8")
+    assert room.result("two", "b", lambda: pytest.fail("replay must not run")).answer == "B."
+    monkeypatch.setenv("RIGKIT_REPLAY", "0")
+    live = Classroom(folder=saved)
+    made = live.folder("evaluation", tmp_path / "live", lambda into: into.mkdir())
+    assert made.is_dir() and not list(made.iterdir())
+    assert live.result("two", "a", lambda: hand_run("Live.")).answer == "Live."
+
+
+def test_record_refuses_an_unknown_recipe_in_one_line(capsys):
+    from rigkit.classroom import main
+
+    assert main(["record", "nothing", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown recipe 'nothing'" in err and "evaluation" in err
 
 
 def test_ask_and_compare_refuse_bad_input_in_one_line(cli, tmp_path):
