@@ -143,7 +143,7 @@ class Run:
         c, n = self.controller, self.counters
         if n.ground and (rewritten := _grounded_rewrite(self)) is not None:
             return rewritten
-        state = self._decision_state()
+        state = _decision_state(self)
         self.observers.on_round_start(len(self.rounds), state)
         timings = dict.fromkeys(STAGES, 0.0)
         with _timer(timings, "generate"):
@@ -232,20 +232,8 @@ class Run:
         self.rewrite = _rewrite_prompt(self) if c.config.rewrite_unsupported and trace.unsupported else None
         n.ground = self.rewrite is not None
         self.observers.on_round_end(trace)
-        n.goes_on = self._goes_on(trace)
+        n.goes_on = _goes_on(self, trace)
         return trace
-
-    def _goes_on(self, trace: RoundTrace) -> bool:
-        """Whether another round follows `trace`."""
-        if self.counters.ground:  # the kept segment is written again first, even after its end of turn
-            return True
-        if self.counters.done:
-            return False
-        if trace.kept in (Kept.NOTHING, Kept.WAITING, Kept.SET_ASIDE):
-            return True  # a rewrite follows, or the set-aside segment had not ended the answer (else done)
-        if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
-            return True  # passages follow this segment: the model reads them, even after its end of turn
-        return not (trace.segment.finished or not trace.segment.token_ids)  # end of turn, or nothing more
 
     # -- the steps around it -------------------------------------------------------------------
     def _generate(self) -> Segment:
@@ -256,17 +244,6 @@ class Run:
         segment = c.generator.next_segment(c.context.pieces(), c.stop, budget, on_token=self.observers.token_sink)
         segment.context_ids = [h.chunk_id for h in c.context.passages]  # all it may cite
         return segment
-
-    def _decision_state(self) -> DecisionState:
-        """What the decider (and `on_round_start`) sees before this round's segment."""
-        c = self.controller
-        state = DecisionState(question=self.question, draft=c.context.draft, passages=c.context.passages,
-                              round_index=len(self.rounds), retrievals_done=self.counters.retrievals,
-                              generator=c.generator, segments=kept_segments(self.rounds), history=list(self.history))
-        last = next((r for r in reversed(self.rounds) if r.query is not None), None)
-        if last is not None:
-            state.last_query, state.last_hits = last.query, list(last.hits)
-        return state
 
     def _put_back(self, trace: RoundTrace, action: Action, fault: str = "") -> None:
         """The set-aside segment is kept after the passages it was flagged for; the rewrite is dropped.
@@ -282,7 +259,7 @@ class Run:
         self.counters.done = self.pending.finished
         trace.action, trace.fallback = action, fault
         why = fault or "the rewrite came back empty twice"
-        trace.unused = self._unused(f"{why}: the sentence written before it is kept")
+        trace.unused = _unused(self.rounds, f"{why}: the sentence written before it is kept")
 
     def _go_on(self, trace: RoundTrace) -> None:
         """The rewrite came back empty at end of turn: small models often end the turn right after
@@ -291,11 +268,6 @@ class Run:
         self.log.go_on(trace)
         trace.action = Action.GO_ON
         trace.guards.append("empty rewrite: asked to go on from the passages")
-
-    def _unused(self, why: str) -> dict[str, str]:
-        """The passages of the last retrieval that no kept text was written from, each with `why`."""
-        last = next((r for r in reversed(self.rounds) if r.injection is not None and r.injection.added), None)
-        return dict.fromkeys(last.injection.added, why) if last is not None else {}
 
     def _cut_repeat(self, trace: RoundTrace, cut: int, kind: str = "repeat") -> None:
         """Keep the segment up to where it repeats the answer, and end the answer there."""
@@ -322,6 +294,37 @@ class Run:
 
 
 # -- controller.rewrite_unsupported: steps of the run, apart so `Run` reads as the round --------------
+def _goes_on(run: Run, trace: RoundTrace) -> bool:
+    """Whether another round follows `trace`."""
+    if run.counters.ground:  # the kept segment is written again first, even after its end of turn
+        return True
+    if run.counters.done:
+        return False
+    if trace.kept in (Kept.NOTHING, Kept.WAITING, Kept.SET_ASIDE):
+        return True  # a rewrite follows, or the set-aside segment had not ended the answer (else done)
+    if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
+        return True  # passages follow this segment: the model reads them, even after its end of turn
+    return not (trace.segment.finished or not trace.segment.token_ids)  # end of turn, or nothing more
+
+
+def _decision_state(run: Run) -> DecisionState:
+    """What the decider (and `on_round_start`) sees before this round's segment."""
+    c = run.controller
+    state = DecisionState(question=run.question, draft=c.context.draft, passages=c.context.passages,
+                          round_index=len(run.rounds), retrievals_done=run.counters.retrievals,
+                          generator=c.generator, segments=kept_segments(run.rounds), history=list(run.history))
+    last = next((r for r in reversed(run.rounds) if r.query is not None), None)
+    if last is not None:
+        state.last_query, state.last_hits = last.query, list(last.hits)
+    return state
+
+
+def _unused(rounds: Sequence[RoundTrace], why: str) -> dict[str, str]:
+    """The passages of the last retrieval that no kept text was written from, each with `why`."""
+    last = next((r for r in reversed(rounds) if r.injection is not None and r.injection.added), None)
+    return dict.fromkeys(last.injection.added, why) if last is not None else {}
+
+
 def _rewrite_prompt(run: Run) -> tuple[Segment, list[Piece], int] | None:
     """The last kept segment, the strict grounding prompt to write it again, and the tokens
     the rewrite may take; None when it cannot be written again (see `grounding_pieces`)."""
@@ -343,7 +346,7 @@ def _grounded_rewrite(run: Run) -> RoundTrace | None:
         return None
     original, pieces, budget = prompt
     run.evicted = []  # nothing is fitted for the rewrite: it takes the place of the original
-    run.observers.on_round_start(len(run.rounds), run._decision_state())
+    run.observers.on_round_start(len(run.rounds), _decision_state(run))
     timings = dict.fromkeys(STAGES, 0.0)
     with _timer(timings, "generate"):  # the decider's early stop is for its own judgement: not here
         rewrite = c.generator.next_segment(pieces, dataclasses.replace(c.stop, early=None), budget,
