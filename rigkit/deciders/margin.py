@@ -15,7 +15,7 @@ same raw logits as the probabilities); a backend without them is an error, not a
 
 from __future__ import annotations
 
-from rigkit.deciders.base import DecisionState
+from rigkit.deciders.base import LOGPROBS, DecisionState
 from rigkit.deciders.probability import content_tokens
 from rigkit.deciders.spans import spans_from_tokens
 from rigkit.trace import Decision, Segment
@@ -28,6 +28,8 @@ class MarginDecider:
 
     name = "margin"
     policy = "regenerate"  # as FLARE: the flagged sentence is written again with the passages
+    # the scores of every token, not only the chosen one's: an in-process model (checked in `decide`)
+    needs = frozenset({LOGPROBS})
     unit = "probability margin"
     default_threshold = 0.1
 
