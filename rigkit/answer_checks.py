@@ -139,4 +139,5 @@ def segment_prefix(segment: Segment, cut: int) -> Segment | None:
     return dataclasses.replace(
         segment, text=segment.text[:seen], tokens=segment.tokens[:count], token_ids=segment.token_ids[:count],
         logprobs=segment.logprobs[:count], entropies=segment.entropies[:count], margins=segment.margins[:count],
+        alternatives=segment.alternatives[:count],
         finish_reason="stop", attention=None)

@@ -128,6 +128,9 @@ class Segment:
     # per token, top-1 minus top-2 probability (TARG's margin); empty where the backend gives no
     # second-best token (served models), parallel to `tokens` otherwise
     margins: list[float] = field(default_factory=list)
+    # per token, what the model nearly wrote: its top choices as {text: probability}, most likely
+    # first; in-process only (empty elsewhere), shown on hover in the views
+    alternatives: list[dict[str, float]] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (sentence or marker end), "end_of_turn", "length"
     tokens_prefilled: int = 0  # prompt tokens this call had to run through the model
     tokens_reused: int | None = 0  # prompt tokens served from the KV cache; None: the server did not say

@@ -181,3 +181,27 @@ def test_compare_writes_one_offline_page_with_both_systems(cli, tmp_path):
     assert '<th class="rig-system">rag' in text and '<th class="rig-system">rig:entropy' in text
     assert re.search(r"threshold [\d.]+ nats", text)  # entropy at its own default, in its unit
     assert re.search(r"rig:entropy \[entropy [\d.]+ nats\]: ", run.stdout)
+
+
+def test_an_in_process_segment_records_what_the_model_nearly_wrote_and_the_views_show_it():
+    pytest.importorskip("torch")
+    from rigkit.transcript import Piece, StopRule
+    from rigkit.widgets import render
+    from tests.tiny_model import tiny_generator
+
+    gen = tiny_generator()
+    segment = gen.next_segment([Piece(gen.render_chat([{"role": "user", "content": "the code"}], True),
+                                      role="question")], StopRule(sentence=False), 6)
+    assert segment.tokens and len(segment.alternatives) == len(segment.tokens)
+    for i, choices in enumerate(segment.alternatives):
+        probs = list(choices.values())
+        assert 1 <= len(choices) <= 3 and probs == sorted(probs, reverse=True)
+        assert abs(probs[0] - probs[1] - segment.margins[i]) < 1e-3  # the margin is top-1 minus top-2
+    first = next(iter(segment.alternatives[0]))
+    assert render.esc("top choices: " + repr(first)) in page.run_html(_result_with(segment))
+    assert "top choices: " in render.segment_html(segment)
+
+
+def _result_with(segment):
+    rounds = [RoundTrace(index=0, segment=segment, decision=Decision(retrieve=False, score=0.1, reason="ok"))]
+    return RIGResult(question="the code", answer=segment.text, rounds=rounds)

@@ -30,6 +30,8 @@ from rigkit.transcript import Piece, PieceTokens, StopRule, encode_transcript, k
 
 __all__ = ["HFGenerator", "StopOnText", "crop_cache", "token_texts", "whole_characters"]
 
+TOP_ALTERNATIVES = 3  # the choices each token records beside its own, shown on hover
+
 
 class HFGenerator:
     """An in-process transformers causal LM with a KV cache kept across rounds."""
@@ -216,7 +218,10 @@ class HFGenerator:
         logprobs = all_lp[:keep]  # (keep, vocab)
         token_lp = token_lp[:keep]
         entropy = -(logprobs.exp() * logprobs).nan_to_num().sum(-1)  # (keep,); 0*log0 -> 0
-        top2 = logprobs.exp().topk(2, dim=-1).values  # (keep, 2)
+        top = logprobs.exp().topk(min(TOP_ALTERNATIVES, logprobs.shape[-1]), dim=-1)  # (keep, k)
+        top2 = top.values[:, :2]
+        alternatives = [{self.tokenizer.decode([i]): round(p, 4) for i, p in zip(ids, probs)}
+                        for ids, probs in zip(top.indices.tolist(), top.values.tolist())]
         return Segment(
             text="".join(texts[:keep]),
             tokens=texts[:keep],
@@ -224,6 +229,7 @@ class HFGenerator:
             logprobs=token_lp.tolist(),
             entropies=entropy.tolist(),
             margins=(top2[:, 0] - top2[:, 1]).tolist(),
+            alternatives=alternatives,
             finish_reason=finish,
         )
 

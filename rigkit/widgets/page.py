@@ -92,11 +92,10 @@ def threshold_label(decision: Decision) -> str:
 
 # ----------------------------------------------------------------------------------- tokens
 def _alternatives(segment: Segment, i: int) -> str:
-    """Top-k alternatives for token i, where the trace recorded them ([[token, prob], ...])."""
-    table = getattr(segment, "top_alternatives", None) or []
-    if i >= len(table) or not table[i]:
+    """What the model nearly wrote at token i, where the backend recorded it (in-process)."""
+    if i >= len(segment.alternatives) or not segment.alternatives[i]:
         return ""
-    return " · alternatives: " + ", ".join(f"{t!r} {p:.2f}" for t, p in table[i])
+    return " · top choices: " + ", ".join(f"{t!r} {p:.2f}" for t, p in segment.alternatives[i].items())
 
 
 def _token_html(segment: Segment, i: int, classes: list[str]) -> str:

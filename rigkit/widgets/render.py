@@ -148,6 +148,8 @@ def segment_html(
             classes.append("rig-span")
             style = "text-decoration:underline 2px #b91c1c;"
         title = f"p={prob:.3f} · entropy={fmt(ent, 2)} nats · token {i}"
+        if i < len(segment.alternatives) and segment.alternatives[i]:  # what it nearly wrote (in-process)
+            title += " · top choices: " + ", ".join(f"{t!r} {p:.2f}" for t, p in segment.alternatives[i].items())
         parts.append(
             f'<span class="{" ".join(classes)}" style="{style}" title="{esc(title)}">'
             f"{esc(tok)}</span>"
