@@ -462,12 +462,8 @@ def kept_order(kept: Sequence[Kept | str]) -> list[int]:
     for i, word in enumerate(kept):
         if word in (Kept.SEGMENT, Kept.PREFIX):
             order.append(i)
-        elif word == Kept.SET_ASIDE:
-            j = i - 1  # the set-aside segment: the round before, past any go-on turns
-            while j >= 0 and kept[j] == Kept.WAITING:
-                j -= 1
-            if j >= 0:
-                order.append(j)
+        elif word == Kept.SET_ASIDE and (j := _past_waiting(kept, i)) >= 0:
+            order.append(j)  # the set-aside segment: the round before, past any go-on turns
         elif word == Kept.REWRITE:
             order[-1:] = [i]
     return order
@@ -497,7 +493,13 @@ def answer_end(rounds: Sequence[RoundTrace]) -> tuple[Segment, bool] | None:
 def set_aside_round(rounds: Sequence[RoundTrace], end: int) -> int | None:
     """Index of the round whose segment was set aside for a rewrite, as seen from round `end`
     (a restore, fallback or go-on): the last `regenerate` before it, past any `go_on`."""
-    i = end - 1
-    while i >= 0 and rounds[i].action is Action.GO_ON:
-        i -= 1
+    i = _past_waiting([r.kept or Kept.NOTHING for r in rounds], end)
     return i if i >= 0 and rounds[i].action is Action.REGENERATE else None
+
+
+def _past_waiting(kept: Sequence[Kept | str], end: int) -> int:
+    """The last round before `end` that is not a go-on turn (-1: none)."""
+    i = end - 1
+    while i >= 0 and kept[i] == Kept.WAITING:
+        i -= 1
+    return i

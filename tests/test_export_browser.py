@@ -8,7 +8,6 @@ the DOM must show no text under 18 px and the stepper must fit the viewport's he
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from rigkit.trace import RIGResult
 from rigkit.widgets import page
+from tests.test_browser import _setup_module
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -36,14 +36,6 @@ SMALLEST_TEXT = """() => {
   }
   return [smallest, where];
 }"""
-
-
-def _setup_module():
-    spec = importlib.util.spec_from_file_location("rigkit_browser_setup",
-                                                  Path(__file__).with_name("browser_setup.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _runs(name: str) -> dict[str, RIGResult]:

@@ -35,6 +35,7 @@ from rigkit.widgets.render import (
     kept_rounds,
     marker_ranges,
     rounded,
+    top_choices,
 )
 
 __all__ = ["run_html", "comparison_html", "run_page", "comparison_page", "page", "threshold_label",
@@ -91,20 +92,13 @@ def threshold_label(decision: Decision) -> str:
 
 
 # ----------------------------------------------------------------------------------- tokens
-def _alternatives(segment: Segment, i: int) -> str:
-    """What the model nearly wrote at token i, where the backend recorded it (in-process)."""
-    if i >= len(segment.alternatives) or not segment.alternatives[i]:
-        return ""
-    return " · top choices: " + ", ".join(f"{t!r} {p:.2f}" for t, p in segment.alternatives[i].items())
-
-
 def _token_html(segment: Segment, i: int, classes: list[str]) -> str:
     prob = math.exp(segment.logprobs[i]) if i < len(segment.logprobs) else 1.0
     ent = segment.entropies[i] if i < len(segment.entropies) else float("nan")
     a_p = min(1.0, max(0.0, 1.0 - prob)) * 0.85
     a_h = 0.0 if math.isnan(ent) else min(1.0, max(0.0, ent / ENTROPY_SCALE)) * 0.85
     title = f"p = {prob:.2f} · entropy = {'–' if math.isnan(ent) else f'{ent:.2f}'} nats"
-    title += _alternatives(segment, i)
+    title += top_choices(segment, i)
     return (f'<span class="{" ".join(["rig-token", *classes])}" '
             f'style="--p:rgba(239,68,68,{a_p:.2f});--h:rgba(124,58,237,{a_h:.2f});" '
             f'title="{esc(title)}">{esc(segment.tokens[i])}</span>')

@@ -49,6 +49,7 @@ __all__ = [
     "esc",
     "fmt",
     "kept_rounds",
+    "top_choices",
     "marker_ranges",
     "rounded",
 ]
@@ -122,6 +123,13 @@ def _span_token_sets(spans: Sequence[Span], offsets: list[tuple[int, int]] | Non
     return marked
 
 
+def top_choices(segment: Segment, i: int) -> str:
+    """What the model nearly wrote at token i (" · top choices: …"), where the backend recorded it."""
+    if i >= len(segment.alternatives) or not segment.alternatives[i]:
+        return ""
+    return " · top choices: " + ", ".join(f"{t!r} {p:.2f}" for t, p in segment.alternatives[i].items())
+
+
 def segment_html(
     segment: Segment, spans: Sequence[Span] = (), marker_tag: TagSpec = "retrieve", current: bool = False,
     discarded: bool = False,
@@ -148,8 +156,7 @@ def segment_html(
             classes.append("rig-span")
             style = "text-decoration:underline 2px #b91c1c;"
         title = f"p={prob:.3f} · entropy={fmt(ent, 2)} nats · token {i}"
-        if i < len(segment.alternatives) and segment.alternatives[i]:  # what it nearly wrote (in-process)
-            title += " · top choices: " + ", ".join(f"{t!r} {p:.2f}" for t, p in segment.alternatives[i].items())
+        title += top_choices(segment, i)
         parts.append(
             f'<span class="{" ".join(classes)}" style="{style}" title="{esc(title)}">'
             f"{esc(tok)}</span>"
