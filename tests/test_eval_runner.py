@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from rigkit.config import DeciderConfig, RunConfig
 from rigkit.errors import InputError
-from rigkit.eval.experiment import evaluate, load_questions
+from rigkit.eval.experiment import config_changes, evaluate, load_questions
 from rigkit.eval.metrics import QAItem
 from rigkit.eval.report import markdown_report
 from rigkit.eval.runner import RESULTS_FILE, ResultsFile, read_results, result_key, run_eval
@@ -245,12 +246,25 @@ def test_evaluate_writes_meta_results_report_and_refuses_other_config(tmp_path):
     assert meta["split"] == "test" and meta["question_ids"] == ["q2", "q3"]
     assert (out / "report.html").exists() and "rig:always@prefix" in (out / "report.md").read_text()
     assert {r["layout"] for r in read_results(out) if r["system"] == "rig:always@prefix"} == {"prefix"}
-    with pytest.raises(InputError, match="different config"):
+    with pytest.raises(InputError, match=r"different config \(context.layout: 'append' -> 'prefix'\)"):
         evaluate(qa, out, "closed_book", split="test", layout="prefix", generator=generator,
                  retriever=retriever, faithfulness=False, progress=False, report=False)
     assert [q.id for q in load_questions(qa, "all", limit=2)] == ["q1", "q2"]
     with pytest.raises(InputError):
         load_questions(qa, "train", limit=0)
+
+
+def test_a_setting_an_older_run_did_not_record_is_compared_as_its_default():
+    new = RunConfig().to_dict()
+    old = copy.deepcopy(new)
+    del old["controller"]["restore"]  # a run recorded before the setting existed
+    assert config_changes(old, new) == []
+    changed = copy.deepcopy(new)
+    changed["controller"]["restore"] = not new["controller"]["restore"]
+    assert config_changes(old, changed) == [f"controller.restore: {new['controller']['restore']!r} -> "
+                                            f"{changed['controller']['restore']!r}"]
+    old["query"]["mode"] = "masked" if new["query"]["mode"] != "masked" else "sentence"
+    assert [line.split(":")[0] for line in config_changes(old, new)] == ["query.mode"]
 
 
 def test_retrieving_systems_need_an_explicit_index(tmp_path):

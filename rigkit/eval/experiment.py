@@ -85,7 +85,13 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return meta
     old = read_meta(folder)
-    for key in ("config", "qa", "split", "split_fingerprint", "shard"):
+    changed = config_changes(old.get("config"), meta.get("config"))
+    if changed:
+        raise InputError(
+            f"{folder} holds an evaluation with a different config ({'; '.join(changed[:4])}); "
+            "resume with the same options or choose another --out"
+        )
+    for key in ("qa", "split", "split_fingerprint", "shard"):
         if old.get(key) != meta.get(key):
             raise InputError(
                 f"{folder} holds an evaluation with a different {key}; resume with the same "
@@ -98,6 +104,28 @@ def _check_meta(folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
                                                *meta["question_ids"]]))
     meta["sessions"] = old.get("sessions", [])
     return meta
+
+
+def config_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
+    """The settings two recorded configs differ in, as "key: old -> new" lines. A setting the
+    older record lacks was added to rigkit after that run, which ran with its behaviour then: the
+    setting's default, so it is compared as the default."""
+    if old is None or new is None:
+        return [] if old == new else ["config: missing"]
+    changes: list[str] = []
+
+    def walk(before: Any, after: Any, default: Any, path: str) -> None:
+        if isinstance(before, dict) and isinstance(after, dict):
+            default = default if isinstance(default, dict) else {}
+            for key in dict.fromkeys([*before, *after]):
+                missing = key not in before and key in default
+                walk(default[key] if missing else before.get(key), after.get(key),
+                     default.get(key), f"{path}{key}.")
+        elif before != after:
+            changes.append(f"{path.rstrip('.')}: {before!r} -> {after!r}")
+
+    walk(old, new, RunConfig().to_dict(), "")
+    return changes
 
 
 def code_commit() -> str | None:
