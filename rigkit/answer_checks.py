@@ -45,9 +45,11 @@ class AnswerChecks:
         It adds nothing (it is empty, or repeats accepted text), or no passage the flagged round
         brought in supports it while one supports the set-aside segment. Support is the citation
         rule (`rigkit.citations.attribute`: every sentence shares two content words and half of
-        its own with a passage); with no entailment model, "contradicts the passages" is read as
-        "unsupported". So a supported rewrite stays even when it drops the flagged word, and so
-        does one when neither rests on the new passages: it was written with them in view.
+        its own with a passage); for the set-aside segment the passage must also hold one of its
+        flagged words, the claim that was in doubt (a decider that flags no words leaves nothing
+        a passage could confirm). With no entailment model, "contradicts the passages" is read
+        as "unsupported". So a supported rewrite stays even when it drops the flagged word, and
+        so does one when neither rests on the new passages: it was written with them in view.
         """
         if not self.config.rewrite_check:
             return ""
@@ -60,10 +62,11 @@ class AnswerChecks:
         flagged_round = rounds[at if at is not None else -1]
         added = set(flagged_round.injection.added if flagged_round.injection else ())
         new = [h for h in self.context.passages if h.chunk_id in added]
-        if self.backing(rewrite.text, new) or not (backing := self.backing(flagged_round.segment.text, new)):
-            return ""
         flagged = content_words(" ".join(s.text for s in flagged_round.decision.spans))
-        dropped = "" if not flagged or flagged & content_words(rewrite.text) else \
+        doubted = [h for h in new if flagged & content_words(f"{h.title} {h.text}")]
+        if self.backing(rewrite.text, new) or not (backing := self.backing(flagged_round.segment.text, doubted)):
+            return ""
+        dropped = "" if flagged & content_words(rewrite.text) else \
             f": it drops the flagged {' '.join(sorted(flagged))!r}"
         return f"no new passage supports the rewrite, {', '.join(backing)} supports the set-aside segment{dropped}"
 

@@ -124,6 +124,18 @@ def test_a_rewrite_stays_unless_the_passages_back_the_old_sentence_and_not_it(ol
         assert result.answer.startswith(rewrite) and old not in result.answer
 
 
+def test_the_old_sentence_counts_as_supported_only_with_its_flagged_claim():
+    # it shares "every redistribution must include ... file" with the NOTICE passage, but the
+    # word in doubt, "Mars", is in no passage: nothing backs the old sentence over the rewrite
+    old, rewrite = "Every redistribution must include the Mars file.", "Bananas are yellow fruit."
+    result = make(ScriptedGenerator([old, rewrite, " Done."]), FlagWord("Mars")).run("What must I ship?")
+    assert [r.action for r in result.rounds][:2] == ["regenerate", "accept"] and not result.rounds[1].fallback
+    assert result.answer.startswith(rewrite)
+    # the same sentence flagged at a word the passage holds is backed by it
+    result = make(ScriptedGenerator([old, rewrite, " Done."]), FlagWord("file")).run("What must I ship?")
+    assert result.rounds[1].action is Action.FALLBACK and result.answer.startswith(old)
+
+
 def flagged(**controller):
     """(the controller's checks, the rounds) once the old sentence is set aside after its search."""
     c = make(ScriptedGenerator([OLD_SUPPORTED]), FlagWord("NOTICE"), **controller)
