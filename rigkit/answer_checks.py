@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rigkit.citations import attribute
 from rigkit.config import ControllerConfig
 from rigkit.context import ContextManager
 from rigkit.generation.protocol import Generator
@@ -21,7 +22,7 @@ from rigkit.guards import first_repeat, ngram_overlap, phrase_loop_at, whole_sen
 from rigkit.markers import clean_answer
 from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
 from rigkit.text import content_words, split_sentences, strip_citations
-from rigkit.trace import Kept, RoundTrace, Segment, kept_segment, set_aside_round
+from rigkit.trace import Hit, Kept, RoundTrace, Segment, kept_segment, set_aside_round
 
 __all__ = ["AnswerChecks", "segment_prefix"]
 
@@ -41,8 +42,14 @@ class AnswerChecks:
     def rewrite_fault(self, rounds: Sequence[RoundTrace], rewrite: Segment) -> str:
         """Why the rewrite of the set-aside segment does not earn its place ("" when it does).
 
-        It repeats accepted text, or it mentions none of the flagged words and no passage of
-        the round supports it (two shared content words and half of its own, as a citation).
+        It adds nothing (it is empty, or repeats accepted text), or no passage the flagged round
+        brought in supports it while one supports the set-aside segment. Support is the citation
+        rule (`rigkit.citations.attribute`: every sentence shares two content words and half of
+        its own with a passage); for the set-aside segment the passage must also hold one of its
+        flagged words, the claim that was in doubt (a decider that flags no words leaves nothing
+        a passage could confirm). With no entailment model, "contradicts the passages" is read
+        as "unsupported". So a supported rewrite stays even when it drops the flagged word, and
+        so does one when neither rests on the new passages: it was written with them in view.
         """
         if not self.config.rewrite_check:
             return ""
@@ -53,16 +60,23 @@ class AnswerChecks:
             return "the rewrite repeats accepted text"
         at = set_aside_round(rounds, len(rounds))  # past a go-on turn
         flagged_round = rounds[at if at is not None else -1]
-        flagged = content_words(" ".join(s.text for s in flagged_round.decision.spans))
-        words = content_words(rewrite.text)
-        if not flagged or flagged & words:
-            return ""
         added = set(flagged_round.injection.added if flagged_round.injection else ())
-        for hit in (h for h in self.context.passages if h.chunk_id in added):
-            shared = len(words & content_words(f"{hit.title} {hit.text}"))
-            if shared >= 2 and shared >= 0.5 * len(words):
-                return ""
-        return f"the rewrite drops the flagged {' '.join(sorted(flagged))!r} without a supported replacement"
+        new = [h for h in self.context.passages if h.chunk_id in added]
+        flagged = content_words(" ".join(s.text for s in flagged_round.decision.spans))
+        doubted = [h for h in new if flagged & content_words(f"{h.title} {h.text}")]
+        if self.backing(rewrite.text, new) or not (backing := self.backing(flagged_round.segment.text, doubted)):
+            return ""
+        dropped = "" if flagged & content_words(rewrite.text) else \
+            f": it drops the flagged {' '.join(sorted(flagged))!r}"
+        return f"no new passage supports the rewrite, {', '.join(backing)} supports the set-aside segment{dropped}"
+
+    def backing(self, text: str, passages: Sequence[Hit]) -> list[str]:
+        """The passages among `passages` that support every sentence of `text`, as its citations
+        would name them; [] when a sentence rests on none of them (or there is no sentence)."""
+        attributions = attribute(self.clean(text), passages)
+        if not attributions or any(a.cited is None for a in attributions):
+            return []
+        return list(dict.fromkeys(a.cited for a in attributions if a.cited))
 
     def repeat_at(self, segment: Segment) -> tuple[int, str] | None:
         """Where `segment` starts repeating the answer, and how: an earlier sentence again

@@ -176,7 +176,7 @@ class ControllerConfig:
     max_rounds: int = 3  # retrieval rounds; then the answer is finished from context
     policy: str = "auto"  # auto | continue | regenerate (auto: the policy the decider declares)
     restore: bool = True  # a rewrite (policy regenerate) that comes back empty at end of turn keeps the set-aside segment (action restore); false: the answer ends there without it (the oracle's control `rig:oracle~norestore`)
-    rewrite_check: bool = True  # a rewrite (policy regenerate) that repeats accepted text or drops the flagged claim without a passage-supported replacement falls back to the set-aside segment, now after its passages (action fallback)
+    rewrite_check: bool = True  # a rewrite (policy regenerate) that adds nothing (empty, repeats accepted text), or that no new passage supports while one supports the set-aside segment, falls back to that segment, now after its passages (action fallback)
     repeat_guard: bool = True  # a segment repeating an earlier sentence of the answer, or going round one phrase inside a sentence (a word 4-gram four times at one period), is cut there and the answer ends (action repeat); holds for every backend
     repeat_overlap: float = 0.8  # a sentence repeats another when this share of its word trigrams occur in it (1 = exact repeats only); also the rewrite check's overlap with accepted text
     end_on_sentence: bool = True  # an answer ending mid-sentence is trimmed to its last whole sentence (RIGResult.trimmed holds the cut)

@@ -144,6 +144,7 @@ class Run:
         if n.ground and (rewritten := _grounded_rewrite(self)) is not None:
             return rewritten
         state = _decision_state(self)
+        state.rewrite_of = self.pending  # a rewrite: streams show it only once it is judged
         self.observers.on_round_start(len(self.rounds), state)
         timings = dict.fromkeys(STAGES, 0.0)
         with _timer(timings, "generate"):
@@ -346,7 +347,9 @@ def _grounded_rewrite(run: Run) -> RoundTrace | None:
         return None
     original, pieces, budget = prompt
     run.evicted = []  # nothing is fitted for the rewrite: it takes the place of the original
-    run.observers.on_round_start(len(run.rounds), _decision_state(run))
+    state = _decision_state(run)
+    state.rewrite_of = original
+    run.observers.on_round_start(len(run.rounds), state)
     timings = dict.fromkeys(STAGES, 0.0)
     with _timer(timings, "generate"):  # the decider's early stop is for its own judgement: not here
         rewrite = c.generator.next_segment(pieces, dataclasses.replace(c.stop, early=None), budget,

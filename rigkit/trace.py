@@ -67,8 +67,9 @@ class Action(str, Enum):
     # on from the passages; the set-aside segment still waits
     GO_ON = "go_on"
     RESTORE = "restore"  # the rewrite came back empty at end of turn even so: the set-aside segment is kept
-    # the rewrite repeated accepted text or lost the flagged claim: the set-aside segment is kept,
-    # now with the passages before it as its evidence, and the rewrite is dropped
+    # the rewrite added nothing, or no new passage supports it while one supports the set-aside
+    # segment: that segment is kept, now with the passages before it as its evidence, and the
+    # rewrite is dropped
     FALLBACK = "fallback"
     REPEAT = "repeat"  # the segment repeated an earlier sentence: the repeat is cut and the answer ends
     # controller.rewrite_unsupported: the previous round's kept segment held an unsupported sentence

@@ -1,7 +1,7 @@
 """Retrieval makes the answer better, never worse: the loop's answer checks with scripted parts.
 
-A rewrite that repeats accepted text or loses the flagged claim falls back to the set-aside
-segment; a repeated sentence is cut and ends the answer; an unfinished last sentence is trimmed;
+A rewrite that adds nothing, or that no new passage supports while one supports the set-aside
+segment, falls back to that segment; a repeated sentence is cut and ends the answer; an unfinished last sentence is trimmed;
 the short answer line; the query guards; the in-loop support check; the trace round trip.
 """
 
@@ -26,7 +26,7 @@ from rigkit.testing import (
     ScriptedGenerator,
     make_segment,
 )
-from rigkit.trace import TRACE_VERSION, Action, Decision, Hit, RIGResult, Span
+from rigkit.trace import TRACE_VERSION, Action, Decision, Hit, RIGResult, SearchRequest, Span
 
 NOTICE = Hit("notice#0", "notice", "The NOTICE file",
              "A NOTICE text file ships with Apache-2.0 works: every redistribution must include it.", 1.0)
@@ -87,20 +87,80 @@ def test_without_the_check_the_rewrite_is_kept_and_the_repeat_guard_ends_the_ans
     assert result.rounds[-1].guards and result.rounds[-1].guards[0].startswith("repeat:")
 
 
-def test_a_rewrite_that_drops_the_flagged_claim_without_support_falls_back():
-    segments = ["You must include a NOTICE text file.", "Bananas are yellow fruit.", " Done."]
-    result = make(ScriptedGenerator(segments), FlagWord("NOTICE")).run("What must I ship?")
-    assert result.rounds[1].action is Action.FALLBACK
-    assert "drops the flagged" in result.rounds[1].fallback and "notice" in result.rounds[1].fallback
-    assert result.answer.startswith("You must include a NOTICE text file.")
+# Which of the two stays is decided with the passages the flagged round brought in (NOTICE and
+# LICENCE here): the old sentence comes back only when the rewrite adds nothing, or when no new
+# passage supports the rewrite while one supports the old sentence.
+OLD_SUPPORTED = "You must include a NOTICE text file."  # rests on notice#0
+OLD_UNSUPPORTED = "The NOTICE goes to Mars."  # shares one content word with a passage: not support
 
 
-def test_a_supported_rewrite_without_the_flagged_word_is_kept():
-    segments = ["You must include a NOTICE text file.",
-                "Every redistribution of Apache-2.0 works must include the file.", " Done."]
-    result = make(ScriptedGenerator(segments), FlagWord("NOTICE")).run("What must I ship?")
-    assert [r.action for r in result.rounds][:2] == ["regenerate", "accept"]
-    assert result.answer.startswith("Every redistribution")
+@pytest.mark.parametrize(
+    ("old", "rewrite", "kept", "why"),
+    [
+        # supported by a new passage: kept, even though it drops the flagged word
+        (OLD_SUPPORTED, "Every redistribution of Apache-2.0 works must include the file.", "rewrite", ""),
+        # unsupported, and the old sentence is supported: the old one comes back
+        (OLD_SUPPORTED, "Bananas are yellow fruit.", "old",
+         "no new passage supports the rewrite, notice#0 supports the set-aside segment: it drops the flagged 'notice'"),
+        # the flagged word kept does not save an unsupported rewrite from a supported old sentence
+        (OLD_SUPPORTED, "A NOTICE goes to Mars.", "old",
+         "no new passage supports the rewrite, notice#0 supports the set-aside segment"),
+        # neither rests on the new passages: the rewrite, written with them in view, stays
+        (OLD_UNSUPPORTED, "Bananas are yellow fruit.", "rewrite", ""),
+    ],
+)
+def test_a_rewrite_stays_unless_the_passages_back_the_old_sentence_and_not_it(old, rewrite, kept, why):
+    result = make(ScriptedGenerator([old, rewrite, " Done."]), FlagWord("NOTICE")).run("What must I ship?")
+    flagged, judged = result.rounds[0], result.rounds[1]
+    assert flagged.action is Action.REGENERATE and judged.fallback == why
+    if kept == "old":
+        assert judged.action is Action.FALLBACK and result.answer.startswith(old)
+        # the trace names the passages no kept text was written from, and why
+        assert list(judged.unused) == flagged.injection.added
+        assert all(w == f"{why}: the sentence written before it is kept" for w in judged.unused.values())
+        assert rewrite not in result.answer
+    else:
+        assert judged.action is Action.ACCEPT and not judged.unused
+        assert result.answer.startswith(rewrite) and old not in result.answer
+
+
+def test_the_old_sentence_counts_as_supported_only_with_its_flagged_claim():
+    # it shares "every redistribution must include ... file" with the NOTICE passage, but the
+    # word in doubt, "Mars", is in no passage: nothing backs the old sentence over the rewrite
+    old, rewrite = "Every redistribution must include the Mars file.", "Bananas are yellow fruit."
+    result = make(ScriptedGenerator([old, rewrite, " Done."]), FlagWord("Mars")).run("What must I ship?")
+    assert [r.action for r in result.rounds][:2] == ["regenerate", "accept"] and not result.rounds[1].fallback
+    assert result.answer.startswith(rewrite)
+    # the same sentence flagged at a word the passage holds is backed by it
+    result = make(ScriptedGenerator([old, rewrite, " Done."]), FlagWord("file")).run("What must I ship?")
+    assert result.rounds[1].action is Action.FALLBACK and result.answer.startswith(old)
+
+
+def flagged(**controller):
+    """(the controller's checks, the rounds) once the old sentence is set aside after its search."""
+    c = make(ScriptedGenerator([OLD_SUPPORTED]), FlagWord("NOTICE"), **controller)
+    run = c.start("What must I ship?")
+    assert isinstance(run.step(), SearchRequest)  # the flagged sentence asks for a search
+    run.search(c.retriever)
+    assert [r.action for r in run.rounds] == [Action.REGENERATE]
+    return c.checks, run.rounds
+
+
+def test_a_rewrite_that_adds_nothing_falls_back_and_a_new_one_stays():
+    checks, rounds = flagged()
+    assert checks.rewrite_fault(rounds, make_segment("   ")) == "the rewrite is empty"
+    assert checks.rewrite_fault(rounds, make_segment("A NOTICE text file ships with it.")) == ""
+    assert checks.rewrite_fault(rounds, make_segment("Bananas are yellow fruit.")).startswith("no new passage")
+    checks, rounds = flagged(rewrite_check=False)  # the check off: every rewrite stays
+    assert checks.rewrite_fault(rounds, make_segment("Bananas are yellow fruit.")) == ""
+
+
+def test_support_is_the_citation_rule_over_every_sentence():
+    checks = make(ScriptedGenerator([]), NeverDecider()).checks
+    assert checks.backing("A NOTICE text file must ship.", [NOTICE, LICENCE]) == ["notice#0"]
+    assert checks.backing("A NOTICE text file must ship. Bananas are yellow.", [NOTICE, LICENCE]) == []
+    assert checks.backing("A NOTICE text file must ship.", [LICENCE]) == []
+    assert checks.backing("", [NOTICE]) == []
 
 
 # -- no repeated sentences, end on a sentence -----------------------------------------------------

@@ -24,9 +24,18 @@ DEMO = "Can I use code under the Apache-2.0 licence in a commercial product, and
 
 
 def test_the_demo_answer_keeps_the_notice_requirement_and_repeats_nothing(default_generator, demo_retriever):
+    from rigkit.streaming import TokenStream
+    from tests.test_serve_streaming import shown
+
+    events = []
     controller = build_controller(load_config("configs/cpu.yaml", decider={"name": "prob"}),
-                                  default_generator, demo_retriever)
+                                  default_generator, demo_retriever, callbacks=[TokenStream(events.append)])
     result = controller.run(DEMO)
+    # the streamed text (what `make demo` prints on its "writing" lines) shows each sentence once
+    ever, screen = shown(events)
+    streamed = [s.strip() for s in split_sentences(ever)]
+    assert len(streamed) == len(set(streamed)), streamed
+    assert screen == strip_citations(result.answer).replace("  ", " ").strip()
     assert "NOTICE" in result.answer
     sentences = split_sentences(result.answer)
     assert all(repeated_sentence(s, sentences[:i]) is None for i, s in enumerate(sentences))
@@ -36,6 +45,8 @@ def test_the_demo_answer_keeps_the_notice_requirement_and_repeats_nothing(defaul
     assert any(r.action is Action.FALLBACK for r in result.rounds)
     notice = next(a for a in result.attributions if "NOTICE" in a.text)
     assert "demo-apache-notice#0" in notice.visible  # written after the NOTICE passage
+    assert notice.cited == "demo-apache-notice#0"  # and it cites the passage it now rests on
+    assert any(e.kind == "note" and e.text.startswith("kept the earlier sentence") for e in events)
     assert result.short_answer
     assert RIGResult.from_json(result.to_json()) == result
 

@@ -121,6 +121,20 @@ def test_chat_stream_sends_tokens_a_retract_rounds_and_the_result(client):
     assert result["answer"].startswith(text)
 
 
+def test_chat_stream_notes_a_dropped_rewrite_and_shows_the_flagged_sentence_once():
+    repeat = make_segment("Paris is the capital of France.", finish_reason="end_of_turn")  # the rewrite adds nothing
+    service = make_service(generator=LoopingScript([*script()[:2], repeat]))
+    with local_client(create_app(service)) as client, \
+            client.stream("POST", "/chat", json={"question": QUESTION, "stream": True}) as r:
+        events = sse_events(r)
+    kinds = [name for name, _ in events]
+    assert "retract" not in kinds and kinds.count("note") == 1
+    note = json.loads(events[kinds.index("note")][1])["text"]
+    assert note == "kept the earlier sentence: the rewrite repeats accepted text"
+    text = "".join(json.loads(data)["text"] for name, data in events if name == "token")
+    assert text == "Paris is the capital of France. The tower is 330 metres tall."
+
+
 def test_held_token_stream_never_retracts():
     events = []
     service = make_service()

@@ -104,18 +104,24 @@ def test_round_stepper_shows_the_segment_being_written():
     assert stepper.writing_pane.value == ""  # cleared once the round is shown
 
 
-def test_a_turn_that_starts_after_passages_is_joined_like_the_draft():
-    from types import SimpleNamespace
+def ended(index: int, text: str, draft: str, **fields):
+    """A round's record as the stream reads it at the round's end."""
+    from rigkit.testing import make_segment
+    from rigkit.trace import Decision, RoundTrace
 
+    return RoundTrace(index, make_segment(text), Decision(False, 0.0, ""), draft=draft, **fields)
+
+
+def test_a_turn_that_starts_after_passages_is_joined_like_the_draft():
     events: list[StreamEvent] = []
     stream = TokenStream(events.append)
     stream.on_round_start(0, None)
     stream.on_token("First.")
-    stream.on_round_end(SimpleNamespace(draft="First."))
+    stream.on_round_end(ended(0, "First.", "First."))
     stream.on_round_start(1, None)
     for token in ["Second", " one."]:  # a new assistant turn after the passages: no leading space
         stream.on_token(token)
-    stream.on_round_end(SimpleNamespace(draft="First. Second one."))
+    stream.on_round_end(ended(1, "Second one.", "First. Second one."))
     assert all(e.kind == "token" for e in events)
     assert "".join(e.text for e in events) == "First. Second one."
 
@@ -189,3 +195,116 @@ def test_the_stop_hold_back_is_the_longest_end_that_starts_a_stop_string():
     assert stop_prefix_length("Paris is the", ["capital"]) == 0
     assert stop_prefix_length("xa", ["b", "abc"]) == 1  # a one-character stop string is never held
     assert stop_prefix_length("", ["x"]) == 0
+
+
+# -- each sentence is streamed once -------------------------------------------------------------
+def shown(events: list[StreamEvent]) -> tuple[str, str]:
+    """(every text a reader was ever shown, one after another; the text left on screen)."""
+    ever, screen = "", ""
+    for event in events:
+        if event.kind == "token":
+            ever, screen = ever + event.text, screen + event.text
+        elif event.kind == "retract":
+            assert screen.endswith(event.text)
+            screen = screen[: -len(event.text)]
+    return ever, screen
+
+
+def flagging_run(segments, **controller):
+    """The answer-check controller (a NOTICE-flagging decider, NOTICE and licence passages) with a
+    live `TokenStream`; returns (result, the stream's events)."""
+    from tests.test_answer_checks import FlagWord, make
+
+    events: list[StreamEvent] = []
+    c = make(ScriptedGenerator(segments), FlagWord("NOTICE"), **controller)
+    c.callbacks.append(TokenStream(events.append))
+    return c.run("What must I ship with Apache-2.0 code?"), events
+
+
+def test_a_dropped_rewrite_is_never_shown_and_no_sentence_is_streamed_twice():
+    from rigkit.text import split_sentences, strip_citations
+    from tests.test_answer_checks import DEMO
+
+    result, events = flagging_run(DEMO)
+    assert [r.action for r in result.rounds] == ["accept", "accept", "regenerate", "fallback", "accept"]
+    ever, screen = shown(events)
+    sentences = [s.strip() for s in split_sentences(ever)]
+    assert len(sentences) == len(set(sentences)) == 4  # the NOTICE sentence once, the repeat never
+    assert "retract" not in [e.kind for e in events]  # the set-aside sentence stayed on screen
+    # one short marker says what happened instead of writing the sentence again
+    assert [e.text for e in events if e.kind == "note"] == ["kept the earlier sentence: the rewrite repeats accepted text"]
+    assert screen == strip_citations(result.answer).replace("  ", " ").strip()
+
+
+def test_a_kept_rewrite_takes_the_set_aside_sentence_back_once_it_is_judged():
+    old, rewrite = "You must include a NOTICE text file.", "Every redistribution of Apache-2.0 works must include the file."
+    result, events = flagging_run([old, rewrite, " Done."])
+    assert [r.action for r in result.rounds][:2] == ["regenerate", "accept"]
+    kinds = [e.kind for e in events]
+    retract = kinds.index("retract")
+    # the old sentence stays shown while the rewrite is written; the rewrite appears whole, after it is kept
+    assert "".join(e.text for e in events[:retract]) == old and events[retract].text == old
+    assert events[retract + 1] == StreamEvent("token", rewrite) and "note" not in kinds
+    ever, screen = shown(events)
+    assert ever.count(old) == ever.count(rewrite) == 1 and screen == f"{rewrite} Done."
+
+
+def test_a_dropped_grounded_rewrite_is_held_and_noted():
+    from types import SimpleNamespace
+
+    from rigkit.testing import make_segment
+    from rigkit.trace import Action
+
+    events: list[StreamEvent] = []
+    stream = TokenStream(events.append)
+    stream.on_round_start(0, SimpleNamespace(rewrite_of=None))
+    stream.on_token("Mars has two moons.")
+    stream.on_round_end(ended(0, "Mars has two moons.", "Mars has two moons."))
+    # written again under the strict grounding prompt
+    stream.on_round_start(1, SimpleNamespace(rewrite_of=make_segment("Mars has two moons.")))
+    stream.on_token(" Mars has two moons, Phobos and Deimos.")
+    assert [e.kind for e in events] == ["token"]  # held while it is judged
+    why = "the grounded rewrite is not supported either: 'Mars has two moons, Phobos and Deimos.'"
+    stream.on_round_end(ended(1, "Mars has two moons, Phobos and Deimos.", "Mars has two moons.",
+                              action=Action.GROUND, fallback=why))
+    # the reason's headline only: the note quotes no sentence again
+    assert events[1:] == [StreamEvent("note", "kept the earlier sentence: the grounded rewrite is not supported either")]
+
+
+def test_rigkit_ask_prints_a_note_and_a_late_take_back_on_lines_of_their_own():
+    from rigkit.cli.ask import _TokenPrinter
+
+    out = io.StringIO()
+    printer = _TokenPrinter(out)
+    printer(StreamEvent("token", "It needs XYZ."))
+    printer.end_line()  # the round block is printed here
+    for event in (StreamEvent("note", "kept the earlier sentence: the rewrite repeats accepted text"),
+                  StreamEvent("retract", "It needs XYZ."), StreamEvent("token", "It needs NOTICE.")):
+        printer(event)
+    printer.end_line()
+    assert out.getvalue().splitlines() == ["writing   It needs XYZ.",
+                                           "writing   [kept the earlier sentence: the rewrite repeats accepted text]",
+                                           "writing   [taken back: 13 characters]",
+                                           "writing   It needs NOTICE."]
+
+
+def test_the_stepper_labels_a_rewrite_as_a_candidate():
+    pytest.importorskip("ipywidgets")
+    from rigkit.widgets import RoundStepper
+
+    labels: list[str] = []
+
+    class Spy:
+        def on_token(self, text):
+            labels.append(stepper.writing_pane.value.split("</i>")[0])
+
+    from tests.test_answer_checks import FlagWord, make
+
+    c = make(ScriptedGenerator(["You must include a NOTICE text file.", "Every redistribution must include the file."]),
+             FlagWord("NOTICE"))
+    stepper = RoundStepper.live(c, "What must I ship?", start=False)
+    c.callbacks.append(Spy())
+    stepper.next()
+    stepper.next()
+    assert any(label.endswith("<i>writing…") for label in labels)
+    assert any("writing again with the passages" in label for label in labels)

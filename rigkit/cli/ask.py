@@ -92,15 +92,17 @@ class _TokenPrinter:
         return TokenStream(self, marker_tag=marker_tag)
 
     def __call__(self, event) -> None:
-        if not self.open:
-            print("writing   ", end="", file=self.out)
-            self.open = True
         if event.kind == "token":
+            if not self.open:
+                print("writing   ", end="", file=self.out)
+                self.open = True
             print(event.text, end="", file=self.out, flush=True)
-        else:  # a regenerated segment: say what is taken back rather than erase the terminal, and
-            # write what comes next on a line of its own, not glued to the text it replaces
-            print(f"  [taken back: {len(event.text)} characters]", file=self.out, flush=True)
-            self.open = False
+            return
+        # a take-back or a note: said in brackets rather than erasing the terminal, and what comes
+        # next is written on a line of its own, not glued to the text it replaces
+        note = f"taken back: {len(event.text)} characters" if event.kind == "retract" else event.text
+        print(f"  [{note}]" if self.open else f"writing   [{note}]", file=self.out, flush=True)
+        self.open = False
 
     def end_line(self) -> None:
         if self.open:

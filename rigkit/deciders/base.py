@@ -51,6 +51,9 @@ class DecisionState:
     last_query: Query | None = None  # the previous retrieval's query, if any
     last_hits: list[Hit] = field(default_factory=list)  # ... and what it found
     history: list[tuple[str, str]] = field(default_factory=list)  # earlier (question, answer) turns
+    # the segment this one is written to replace if it earns its place (the set-aside segment of a
+    # regenerate, or the kept one a grounded rewrite redoes); None: a new segment. Streams hold such text.
+    rewrite_of: Segment | None = None
 
 
 @runtime_checkable

@@ -144,7 +144,7 @@ def create_app(service: RigService, *, api_key: str | None = None, max_body_byte
 # -- streams ----------------------------------------------------------------------------------
 async def _chat_events(service: RigService, job: Job, pipe: Pipe,
                        conversation: str | None = None) -> AsyncIterator[dict[str, str]]:
-    """`token` / `retract` events as the model writes, a `round` per round, then `result`."""
+    """`token` / `retract` / `note` events as the model writes, a `round` per round, then `result`."""
     try:
         while True:
             kind, payload = await pipe.queue.get()
@@ -152,8 +152,8 @@ async def _chat_events(service: RigService, job: Job, pipe: Pipe,
                 break
             if kind == "round":
                 yield {"event": "round", "data": json.dumps(payload, ensure_ascii=False)}
-            elif payload.kind == "token":
-                yield {"event": "token", "data": json.dumps({"text": payload.text}, ensure_ascii=False)}
+            elif payload.kind in ("token", "note"):
+                yield {"event": payload.kind, "data": json.dumps({"text": payload.text}, ensure_ascii=False)}
             else:
                 data = {"text": payload.text, "chars": len(payload.text)}
                 yield {"event": "retract", "data": json.dumps(data, ensure_ascii=False)}

@@ -141,15 +141,18 @@ class WritingPane(RoundCallback):
     """Controller callback: shows the segment's raw tokens while the model writes them."""
 
     def __init__(self, pane: W.HTML):
-        self.pane, self.text = pane, ""
+        self.pane, self.text, self.label = pane, "", "writing…"
 
     def on_round_start(self, index: int, state: Any) -> None:
         self.text = ""
         self.pane.value = ""
+        # as in the streamed answer (`TokenStream`): a rewrite is a candidate, not answer text yet
+        rewrite = getattr(state, "rewrite_of", None) is not None
+        self.label = "writing again with the passages (kept only if it earns its place)…" if rewrite else "writing…"
 
     def on_token(self, text: str) -> None:
         self.text += text
-        self.pane.value = (f'<div style="color:#555;"><i>writing…</i> {render.esc(self.text)}'
+        self.pane.value = (f'<div style="color:#555;"><i>{self.label}</i> {render.esc(self.text)}'
                            '<span style="opacity:.5;">▍</span></div>')
 
     def on_round_end(self, trace: RoundTrace) -> None:
