@@ -106,16 +106,24 @@ class RoundStepper(W.VBox):
         self.next_button.on_click(lambda _: self.next())
         self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
         self.rerun_button.on_click(lambda _: self.rerun())
-        budget = self.panes.budget_box(lecture)
-        super().__init__(
-            ([W.HTML(LECTURE_STYLE)] if lecture else [])
-            + [self.header, self.controls, self.draft_pane, self.writing_pane, W.HBox([self.decision_pane,
-               self.query_pane]), self.hits_pane, budget, self.answer_pane],
-        )
+        self.lecture_switch = c.lecture_switch
+        self._lecture_style = W.HTML(LECTURE_STYLE)
+        self._stages = W.HBox([self.decision_pane, self.query_pane])
+        super().__init__()
         self.add_class("rigkit-stepper")
-        if lecture:
-            self.add_class("rigkit-lecture")
+        self.set_lecture(lecture)
+        self.lecture_switch.observe(lambda ch: self.set_lecture(ch["new"]), names="value")
         self._refresh()
+
+    def set_lecture(self, on: bool) -> None:
+        """Switch lecture mode (the "lecture" button does the same): 18 px text and up, long panes
+        capped to fit a 1280x720 projector, the token budget folded away."""
+        self.lecture = self.lecture_switch.value = bool(on)
+        p = self.panes
+        self.children = ([self._lecture_style] if self.lecture else []) + [
+            self.header, self.controls, self.draft_pane, self.writing_pane, self._stages, self.hits_pane,
+            p.budget_box(self.lecture), self.answer_pane]
+        (self.add_class if self.lecture else self.remove_class)("rigkit-lecture")
 
     # ------------------------------------------------------------------------- constructors
     @classmethod
