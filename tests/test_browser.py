@@ -131,6 +131,12 @@ SMALLEST_TEXT = """(root) => {
 }"""
 
 
+# The stepper's parts and their heights in px, to say what to shrink when it does not fit.
+PART_HEIGHTS = """(root) => [...root.children].map(c =>
+  `${[...c.classList].filter(k => k.startsWith('rigkit-')).join('.') || c.tagName}`
+  + ` ${Math.round(c.getBoundingClientRect().height)}`).join(', ')"""
+
+
 def _check_lecture_mode(page, stepper) -> None:
     """At a projector's 1280x720, the "lecture" switch sets the stepper's text at 18 px and up, and
     each round fits the screen's height (and the notebook area, so it shows without scrolling)."""
@@ -152,9 +158,11 @@ def _check_lecture_mode(page, stepper) -> None:
         assert smallest >= 18, f"round {i + 1}: {smallest} px text in lecture mode: {where}"
         stepper.scroll_into_view_if_needed()
         box = stepper.bounding_box()
-        assert box["height"] <= 720, f"round {i + 1}: the stepper is {box['height']:.0f} px tall"
+        parts = stepper.evaluate(PART_HEIGHTS)
+        assert box["height"] <= 720, f"round {i + 1}: the stepper is {box['height']:.0f} px tall: {parts}"
         assert box["height"] <= area["height"], (
-            f"round {i + 1}: the stepper is {box['height']:.0f} px, the notebook shows {area['height']:.0f}")
+            f"round {i + 1}: the stepper is {box['height']:.0f} px, the notebook shows "
+            f"{area['height']:.0f}: {parts}")
         if i == 0:
             page.screenshot(path=str(ARTIFACTS / "lecture_stepper_jupyterlab.png"))
 

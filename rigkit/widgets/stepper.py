@@ -32,11 +32,17 @@ __all__ = ["RoundStepper", "ControllerFactory", "decider_names", "config_factory
 ControllerFactory = Callable[[str, "float | None"], Any]
 
 # Lecture mode: every pane's text at 18 px or more (the panes' inline 11-13 px sizes overridden),
-# the hit snippets capped so one round fits a 1280x720 projector.
+# and one round in two columns (draft and answer | decision, query and hits). The stepper is at
+# most the window's height less JupyterLab's bars (~130 px); the columns take what the header,
+# the controls and the folded budget leave, and scroll on their own, so at 1280x720 the whole
+# stepper shows in the notebook without scrolling whatever the header's length.
 LECTURE_STYLE = """<style>
 .rigkit-lecture, .rigkit-lecture * {font-size: max(18px, 1em) !important; line-height: 1.35 !important;}
-.rigkit-lecture .rigkit-hits {max-height: 230px; overflow: auto;}
-.rigkit-lecture .rigkit-draft {max-height: 200px; overflow: auto;}
+.rigkit-stepper.rigkit-lecture {max-height: calc(100vh - 130px);}
+.rigkit-lecture > * {flex-shrink: 0;}
+.rigkit-lecture > .rigkit-columns {flex: 0 1 auto; min-height: 0; gap: 16px;}
+.rigkit-lecture .rigkit-columns > .widget-vbox {flex: 1 1 0; min-width: 0; min-height: 0; overflow-y: auto;}
+.rigkit-lecture .rigkit-decision, .rigkit-lecture .rigkit-query {width: auto !important;}
 </style>"""
 
 def decider_names() -> list[str]:
@@ -116,13 +122,21 @@ class RoundStepper(W.VBox):
         self._refresh()
 
     def set_lecture(self, on: bool) -> None:
-        """Switch lecture mode (the "lecture" button does the same): 18 px text and up, long panes
-        capped to fit a 1280x720 projector, the token budget folded away."""
+        """Switch lecture mode (the "lecture" button does the same): 18 px text and up, a round in
+        two columns that fits a 1280x720 projector, the token budget folded away."""
         self.lecture = self.lecture_switch.value = bool(on)
         p = self.panes
-        self.children = ([self._lecture_style] if self.lecture else []) + [
-            self.header, self.controls, self.draft_pane, self.writing_pane, self._stages, self.hits_pane,
-            p.budget_box(self.lecture), self.answer_pane]
+        if self.lecture:
+            self._stages.children = ()  # the decision and query panes move to the right column
+            columns = W.HBox([W.VBox([self.draft_pane, self.writing_pane, self.answer_pane]),
+                              W.VBox([self.decision_pane, self.query_pane, self.hits_pane])])
+            columns.add_class("rigkit-columns")
+            self.children = [self._lecture_style, self.header, self.controls, columns,
+                             p.budget_box(True)]
+        else:
+            self._stages.children = (self.decision_pane, self.query_pane)
+            self.children = [self.header, self.controls, self.draft_pane, self.writing_pane, self._stages,
+                             self.hits_pane, p.budget_box(False), self.answer_pane]
         (self.add_class if self.lecture else self.remove_class)("rigkit-lecture")
 
     # ------------------------------------------------------------------------- constructors
