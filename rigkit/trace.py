@@ -5,7 +5,7 @@ produced (`Segment`), what a decider judged (`Decision`), what was searched (`Qu
 back (`Hit`), what the context manager did with it (`Injection`, `TokenBudget`), and one
 `RoundTrace` per round inside a `RIGResult`. Widgets, plots and metrics are pure functions of
 these; a result serialises to JSON and loads back exactly, so a notebook can replay a run
-without a model.
+without a model. `RIGResult.to_html()` is the one view reached from here, imported when called.
 """
 
 from __future__ import annotations
