@@ -55,16 +55,36 @@ def copy_tracked(dest: Path, root: Path = ROOT) -> Path:
     return dest
 
 
+# make's SHELL when steps are timed: runs one recipe line and appends "seconds<TAB>line" to $STEPS.
+_TIMED_SHELL = """#!/bin/bash
+start=$EPOCHREALTIME; /bin/bash "$@"; rc=$?
+printf '%s\\t%s\\n' "$(awk "BEGIN{print $EPOCHREALTIME - $start}")" "${2//$'\\n'/ }" >> "$STEPS"
+exit $rc
+"""
+
+
 def build(tree: Path, env: dict[str, str] | None = None, pip_only: bool = False,
-          timeout: float = 1800) -> float:
-    """Seconds `make .venv/.installed-lab` takes in `tree` (pip alone with `pip_only`)."""
+          timeout: float = 1800, steps: list[tuple[float, str]] | None = None) -> float:
+    """Seconds `make .venv/.installed-lab` takes in `tree` (pip alone with `pip_only`); each recipe
+    line's seconds and text are appended to `steps` when it is given."""
     command = ["make", ".venv/.installed-lab"] + (["PIP_ONLY=1"] if pip_only else [])
+    env = {**os.environ, **(env or {})}
+    if steps is not None:
+        shell, log = tree / ".timed-shell", tree / ".steps.tsv"
+        shell.write_text(_TIMED_SHELL, encoding="utf-8")
+        shell.chmod(0o755)
+        command.append(f"SHELL={shell}")
+        env["STEPS"] = str(log)
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=tree, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed in {tree}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return time.perf_counter() - start
+    if steps is not None:
+        for line in (tree / ".steps.tsv").read_text(encoding="utf-8").splitlines():
+            took, _, text = line.partition("\t")
+            steps.append((float(took), text))
+    return seconds
 
 
 def run_notebook(tree: Path, name: str, timeout: float = 600) -> dict:
