@@ -8,7 +8,7 @@ LAB     := $(VENV)/.installed-lab
 .PHONY: setup setup-dev demo test test-fast lab bench bench-quick strip lint clean
 
 # Packages go in with astral's uv where the package index has it (the same packages as pip,
-# resolved and unpacked in parallel: a fresh `make lab` ~3x faster here, docs/notebooks.md), else
+# resolved and unpacked in parallel: a fresh `make lab` 4-5x faster here, docs/notebooks.md), else
 # with pip; `PIP_ONLY=1` forces pip. The check runs when its line does, so the uv installed by
 # the first lines of $(STAMP) is used at once.
 PIP_ONLY ?=

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.notebook
 @pytest.fixture(scope="module")
 def lab_tree(tmp_path_factory):
     tree = copy_tracked(tmp_path_factory.mktemp("fresh-lab"))
-    build(tree, timeout=hang_limit(120))  # ~40 s with uv and warm caches, ~2 min with pip alone, cold
+    build(tree, timeout=hang_limit(120))  # 29-48 s with uv and warm caches here (docs/notebooks.md)
     return tree
 
 

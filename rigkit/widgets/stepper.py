@@ -115,6 +115,10 @@ class RoundStepper(W.VBox):
         self.lecture_switch = c.lecture_switch
         self._lecture_style = W.HTML(LECTURE_STYLE)
         self._stages = W.HBox([self.decision_pane, self.query_pane])
+        # lecture mode's layout: the same panes in two columns (shown instead of the plain one)
+        self._columns = W.HBox([W.VBox([self.draft_pane, self.writing_pane, self.answer_pane]),
+                                W.VBox([self.decision_pane, self.query_pane, self.hits_pane])])
+        self._columns.add_class("rigkit-columns")
         super().__init__()
         self.add_class("rigkit-stepper")
         self.set_lecture(lecture)
@@ -127,14 +131,9 @@ class RoundStepper(W.VBox):
         self.lecture = self.lecture_switch.value = bool(on)
         p = self.panes
         if self.lecture:
-            self._stages.children = ()  # the decision and query panes move to the right column
-            columns = W.HBox([W.VBox([self.draft_pane, self.writing_pane, self.answer_pane]),
-                              W.VBox([self.decision_pane, self.query_pane, self.hits_pane])])
-            columns.add_class("rigkit-columns")
-            self.children = [self._lecture_style, self.header, self.controls, columns,
+            self.children = [self._lecture_style, self.header, self.controls, self._columns,
                              p.budget_box(True)]
         else:
-            self._stages.children = (self.decision_pane, self.query_pane)
             self.children = [self.header, self.controls, self.draft_pane, self.writing_pane, self._stages,
                              self.hits_pane, p.budget_box(False), self.answer_pane]
         (self.add_class if self.lecture else self.remove_class)("rigkit-lecture")
