@@ -9,6 +9,8 @@ notebooks in a real kernel, that venv's own.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.conftest import hang_limit
@@ -20,8 +22,11 @@ pytestmark = pytest.mark.notebook
 @pytest.fixture(scope="module")
 def lab_tree(tmp_path_factory):
     tree = copy_tracked(tmp_path_factory.mktemp("fresh-lab"))
-    build(tree, timeout=hang_limit(120))  # 29-48 s with uv and warm caches here (docs/notebooks.md)
-    return tree
+    try:
+        build(tree, timeout=hang_limit(120))  # 29-48 s with uv and warm caches here (docs/notebooks.md)
+        yield tree
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)  # ~1.3 GB: pytest keeps its last three temp folders
 
 
 @pytest.mark.parametrize("name", ["09_where_the_loss_lies.ipynb", "01_quickstart.ipynb"])
