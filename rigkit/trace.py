@@ -5,7 +5,7 @@ produced (`Segment`), what a decider judged (`Decision`), what was searched (`Qu
 back (`Hit`), what the context manager did with it (`Injection`, `TokenBudget`), and one
 `RoundTrace` per round inside a `RIGResult`. Widgets, plots and metrics are pure functions of
 these; a result serialises to JSON and loads back exactly, so a notebook can replay a run
-without a model.
+without a model. `RIGResult.to_html()` is the one view reached from here, imported when called.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -421,6 +422,20 @@ class RIGResult:
     @classmethod
     def from_json(cls, text: str) -> RIGResult:
         return cls.from_dict(json.loads(text))
+
+    def to_html(self, lecture: bool = False) -> str:
+        """This run as one self-contained HTML page (`rigkit.widgets.page.run_page`): no network,
+        no scripts; `lecture=True` for a projector."""
+        # Deferred: the trace is the bottom layer and must not load the view layer on import.
+        from rigkit.widgets.page import run_page
+
+        return run_page(self, lecture=lecture)
+
+    def save_html(self, path: str | Path, lecture: bool = False) -> Path:
+        """Write `to_html(lecture)` to `path` atomically (a reader never sees half a page)."""
+        from rigkit.files import atomic_write_text
+
+        return atomic_write_text(path, self.to_html(lecture=lecture))
 
 
 @dataclass

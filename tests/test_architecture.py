@@ -15,6 +15,7 @@ import importlib
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,10 @@ IN_FOLDER_CIRCLES = {
                "rigkit.retrieval.index_manifest", "rigkit.retrieval.reuse", "rigkit.retrieval.storage"}),
 }
 # Turning a config into a part: the defining package and rigkit.build call these, nobody else.
+# The one upward arrow: `RIGResult.to_html()` loads the page view when it is called, by an import
+# inside the method, so loading the trace still loads no view. The same import at module level,
+# or another view, still fails.
+DEFERRED_UPWARD = {"rigkit.trace": "rigkit.widgets.page"}
 FACTORIES = {
     "generator_from_config": "generation",
     "load_generator": "generation",
@@ -84,10 +89,11 @@ def _from_module(node: ast.ImportFrom, path: Path, name: str | None) -> str:
     return f"{base}.{node.module}" if node.module else base
 
 
-def imports_of(path: Path, name: str | None = None) -> set[str]:
-    """Every rigkit module `path` (module `name`) imports, anywhere in the file (lazy ones too)."""
+def imports_of(path: Path, name: str | None = None, at_load: bool = False) -> set[str]:
+    """Every rigkit module `path` (module `name`) imports, anywhere in the file (lazy ones too);
+    `at_load`: only the imports that run when the module loads (none inside a function)."""
     found: set[str] = set()
-    for node in ast.walk(_tree(path)):
+    for node in (_outside_functions(_tree(path)) if at_load else ast.walk(_tree(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -99,6 +105,29 @@ def imports_of(path: Path, name: str | None = None) -> set[str]:
         ) and node.args and isinstance(node.args[0], ast.Constant):
             found.add(str(node.args[0].value))
     return {m for m in found if m == "rigkit" or m.startswith("rigkit.")}
+
+
+def _outside_functions(tree: ast.AST) -> Iterator[ast.AST]:
+    """`ast.walk` that does not enter a function's body (nor a lambda's)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def deferred_allowed(path: Path, name: str) -> set[str]:
+    """The upward imports of `name` that DEFERRED_UPWARD allows: its listed module, imported only
+    inside functions (an import of it at module level allows nothing)."""
+    allowed = DEFERRED_UPWARD.get(name)
+    if allowed is None:
+        return set()
+
+    def of_it(found: set[str]) -> set[str]:
+        return {m for m in found if m == allowed or m.startswith(f"{allowed}.")}
+
+    return set() if of_it(imports_of(path, name, at_load=True)) else of_it(imports_of(path, name))
 
 
 def private_names_taken(path: Path, name: str | None = None) -> list[str]:
@@ -253,7 +282,7 @@ def upward_imports(package: Path = PACKAGE) -> list[str]:
         own = tier(name)
         if own is None:
             continue  # the root package; an unplaced module fails test_every_module_has_a_tier
-        for target in sorted(imports_of(path, name)):
+        for target in sorted(imports_of(path, name) - deferred_allowed(path, name)):
             theirs = tier(target) if _is_module(f"rigkit.{top(target)}", package) else None
             if theirs is not None and theirs > own:
                 wrong.append(f"{name} imports {target}: {top(target)} sits above {top(name)}")
@@ -309,7 +338,9 @@ def _runtime_imports(path: Path, name: str, package: Path) -> set[str]:
 def import_circles(package: Path = PACKAGE) -> list[frozenset[str]]:
     """The modules of every import circle (strongly connected, two modules or more)."""
     graph = {module_name(p, package): p for p in modules_of(package)}
-    edges = {n: _runtime_imports(p, n, package) & graph.keys() for n, p in graph.items()}
+    # an allowed deferred import runs when its function is called, after both modules loaded
+    edges = {n: (_runtime_imports(p, n, package) - deferred_allowed(p, n)) & graph.keys()
+             for n, p in graph.items()}
     order, low, stack, circles = {}, {}, [], []
 
     def visit(v: str) -> None:  # Tarjan
@@ -486,6 +517,11 @@ def _plant(path: Path, line: str) -> None:
     ("deciders/base.py", "import rigkit.controller", "rigkit.deciders.base imports rigkit.controller"),
     ("eval/metrics.py", "from rigkit.cli import main", "rigkit.eval.metrics imports rigkit.cli"),
     ("controller.py", "from rigkit.build import build_run", "rigkit.controller imports rigkit.build"),
+    # the deferred page import of RIGResult.to_html is the one exception, and only as it is
+    ("trace.py", "from rigkit.widgets.page import run_page", "rigkit.trace imports rigkit.widgets.page"),
+    ("trace.py", "def later():\n    from rigkit.widgets.stepper import RoundStepper",
+     "rigkit.trace imports rigkit.widgets.stepper"),
+    ("text.py", "def later():\n    from rigkit.widgets.page import run_page", "rigkit.text imports rigkit.widgets.page"),
 ])
 def test_a_planted_upward_import_fails_the_check(copied, module, line, expected):
     package = copied / "rigkit"
@@ -508,6 +544,26 @@ def test_a_planted_circle_across_folders_fails_the_check(copied):
     try:
         crossing = [c for c in import_circles(package) if crosses_folders(c, package)]
         assert crossing and {"rigkit.corpus", "rigkit.readers"} <= set().union(*crossing)
+    finally:
+        target.write_text(before, encoding="utf-8")
+
+
+def test_the_deferred_view_import_is_the_listed_one_and_loads_nothing_on_import():
+    """RIGResult.to_html imports the page inside the method: the exception is in use (so the list
+    stays true), and loading the trace loads no view."""
+    assert deferred_allowed(PACKAGE / "trace.py", "rigkit.trace") == {
+        "rigkit.widgets.page", "rigkit.widgets.page.run_page"}
+    assert [m for m in fresh_import("rigkit.trace") if top(m) in UPPER] == []
+
+
+def test_the_deferred_view_import_at_module_level_closes_a_circle(copied):
+    package = copied / "rigkit"
+    target = package / "trace.py"
+    before = target.read_text(encoding="utf-8")
+    _plant(target, "from rigkit.widgets.page import run_page")
+    try:
+        crossing = [c for c in import_circles(package) if crosses_folders(c, package)]
+        assert crossing and {"rigkit.trace", "rigkit.widgets.page"} <= set().union(*crossing)
     finally:
         target.write_text(before, encoding="utf-8")
 

@@ -121,12 +121,12 @@ def server():
         yield httpd
 
 
-def _ask(cli, server, fault: str, *settings: str) -> CliRun:
+def _ask(cli, server, fault: str, *settings: str, more: tuple[str, ...] = ()) -> CliRun:
     server.fault = fault
     sets = [arg for s in ("generator.max_retries=0", *settings) for arg in ("--set", s)]
     return cli("ask", "Can I use Apache-2.0 code commercially?", "--backend", "openai",
                "--base-url", f"{server.url}/v1", "--retriever", f"{server.url}/retrieve",
-               "--decider", "never", *sets)
+               "--decider", "never", *sets, *more)
 
 
 
@@ -147,10 +147,13 @@ def test_a_misbehaving_model_server_is_one_line_naming_it_and_what_it_sent(cli, 
     CliRun.error_line(_ask(cli, server, fault), server.url, *words)
 
 
-def test_a_well_behaved_server_answers(cli, server):
-    done = _ask(cli, server, "")
+def test_a_well_behaved_server_answers(cli, server, tmp_path):
+    page = tmp_path / "run.html"
+    done = _ask(cli, server, "", more=("--html", str(page), "--lecture"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "It is" in done.stdout
+    html = page.read_text(encoding="utf-8")  # the run as one page (RIGResult.save_html)
+    assert html.startswith("<!DOCTYPE html>") and 'class="rigkit-page lecture"' in html and "It is" in html
 
 
 def test_special_token_text_in_a_reply_ends_the_answer_there(cli, server):

@@ -2,9 +2,11 @@
 
 Starts JupyterLab on 127.0.0.1 (free port, fixed token, autosave off, throw-away settings and
 workspace folders), opens notebooks/01_quickstart.ipynb, runs all cells, checks that the
-RoundStepper's controls and panes are on the page and that "next" changes the shown round, and
-saves screenshots to tests/artifacts/. With RIGKIT_UPDATE_SCREENSHOT=1 the stepper screenshot is
-also copied to docs/img/round_stepper.png, the README's picture (refreshed deliberately).
+RoundStepper's controls and panes are on the page and that "next" changes the shown round;
+then, at a projector's 1280x720, presses its "lecture" switch and checks in the DOM that its text
+is 18 px and up and that every round fits the screen. Screenshots go to tests/artifacts/. With
+RIGKIT_UPDATE_SCREENSHOT=1 the stepper screenshot is also copied to docs/img/round_stepper.png,
+the README's picture (refreshed deliberately).
 """
 
 from __future__ import annotations
@@ -116,6 +118,55 @@ def _run_all_cells(page) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
 
+# Every element of the stepper with its own visible text: the smallest computed font size.
+SMALLEST_TEXT = """(root) => {
+  let smallest = 1000, where = '';
+  for (const el of root.querySelectorAll('*')) {
+    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !el.getClientRects().length) continue;
+    const size = parseFloat(getComputedStyle(el).fontSize);
+    if (size < smallest) { smallest = size; where = el.outerHTML.slice(0, 100); }
+  }
+  return [smallest, where];
+}"""
+
+
+# The stepper's parts and their heights in px, to say what to shrink when it does not fit.
+PART_HEIGHTS = """(root) => [...root.children].map(c =>
+  `${[...c.classList].filter(k => k.startsWith('rigkit-')).join('.') || c.tagName}`
+  + ` ${Math.round(c.getBoundingClientRect().height)}`).join(', ')"""
+
+
+def _check_lecture_mode(page, stepper) -> None:
+    """At a projector's 1280x720, the "lecture" switch sets the stepper's text at 18 px and up, and
+    each round fits the screen's height (and the notebook area, so it shows without scrolling)."""
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 1280, "height": 720})
+    stepper.locator(".rigkit-lecture-switch").click()
+    expect(stepper).to_have_class(re.compile(r"\brigkit-lecture\b"), timeout=30_000)
+    label = stepper.locator(".rig-round-label")
+    total = int(re.search(r"of (\d+)", label.inner_text()).group(1))
+    stepper.locator(".rigkit-prev").click()  # back to the first round
+    expect(label).to_have_text(re.compile(r"^Round 1 of"), timeout=60_000)
+    area = page.locator(".jp-NotebookPanel:visible .jp-WindowedPanel-outer").first.bounding_box()
+    for i in range(total):
+        if i:
+            stepper.locator(".rigkit-next").click()
+            expect(label).to_have_text(re.compile(rf"^Round {i + 1} of"), timeout=60_000)
+        smallest, where = stepper.evaluate(SMALLEST_TEXT)
+        assert smallest >= 18, f"round {i + 1}: {smallest} px text in lecture mode: {where}"
+        stepper.scroll_into_view_if_needed()
+        box = stepper.bounding_box()
+        parts = stepper.evaluate(PART_HEIGHTS)
+        assert box["height"] <= 720, f"round {i + 1}: the stepper is {box['height']:.0f} px tall: {parts}"
+        assert box["height"] <= area["height"], (
+            f"round {i + 1}: the stepper is {box['height']:.0f} px, the notebook shows "
+            f"{area['height']:.0f}: {parts}")
+        if i == 0:
+            page.screenshot(path=str(ARTIFACTS / "lecture_stepper_jupyterlab.png"))
+
+
 def test_round_stepper_in_jupyterlab(lab: str):
     from playwright.sync_api import expect, sync_playwright
 
@@ -161,6 +212,7 @@ def test_round_stepper_in_jupyterlab(lab: str):
             expect(label).to_have_text(re.compile(r"^Round 2 of \d+"), timeout=60_000)
             assert label.inner_text() != first_label
             stepper.screenshot(path=str(ARTIFACTS / "round_stepper.png"))
+            _check_lecture_mode(page, stepper)
         finally:
             page.screenshot(path=str(ARTIFACTS / "browser_last.png"), full_page=True)
             browser.close()

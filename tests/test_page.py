@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,38 @@ def test_run_page_is_self_contained_and_shows_every_round():
     anchor = re.search(r'href="#(rig\d+-p1)"', text).group(1)
     assert f'id="{anchor}"' in text
     assert "threshold 0.3 probability" in text
+
+
+def _same_ids(text: str) -> str:
+    """`text` with its element ids made alike: each view numbers them from a process-wide counter."""
+    return re.sub(r"\brig\d+", "rigN", text)
+
+
+def test_a_result_exports_itself_as_the_run_page(tmp_path):
+    result = saved_run()
+    for lecture in (False, True):
+        assert _same_ids(result.to_html(lecture=lecture)) == _same_ids(page.run_page(result, lecture=lecture))
+    assert 'class="rigkit-page lecture"' in result.to_html(lecture=True)
+    target = tmp_path / "handout" / "run.html"
+    assert result.save_html(target, lecture=True) == target
+    assert _same_ids(target.read_text(encoding="utf-8")) == _same_ids(page.run_page(result, lecture=True))
+    assert [p.name for p in target.parent.iterdir()] == ["run.html"]  # no temporary file left
+
+
+def test_a_page_killed_while_saving_leaves_the_old_page_whole(tmp_path):
+    """SIGKILL after the new page is written to its temporary file, before the rename."""
+    target = tmp_path / "run.html"
+    target.write_text("the old page", encoding="utf-8")
+    code = ("import json, sys; from rigkit.trace import RIGResult; "
+            "data = json.loads(open(sys.argv[1], encoding='utf-8').read()); "
+            "RIGResult.from_dict(data['results']['quickstart']).save_html(sys.argv[2])")
+    env = {**os.environ, "RIGKIT_FAULT_AT": "atomic:fsync", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", code, str(SAVED), str(target)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    assert target.read_text(encoding="utf-8") == "the old page"
+    left = [p for p in tmp_path.iterdir() if p != target]
+    assert len(left) == 1 and left[0].read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
 def test_external_references_finds_a_cdn_script():

@@ -309,6 +309,25 @@ def test_round_stepper_lecture_mode(result):
     assert "rigkit-lecture" not in RoundStepper(result)._dom_classes
 
 
+def test_round_stepper_switches_lecture_mode_on_and_off(result):
+    import ipywidgets as W
+
+    from rigkit.widgets import RoundStepper
+
+    stepper = RoundStepper(result)
+    plain = list(stepper.children)
+    assert not stepper.lecture_switch.value and not any(isinstance(c, W.Accordion) for c in plain)
+    stepper.lecture_switch.value = True  # the "lecture" button
+    assert stepper.lecture and "rigkit-lecture" in stepper._dom_classes
+    assert "max(18px, 1em)" in stepper.children[0].value
+    folded = [c for c in stepper.children if isinstance(c, W.Accordion)]
+    assert len(folded) == 1 and folded[0].children[0] in plain  # the same budget panes, folded
+    stepper.set_lecture(False)
+    assert not stepper.lecture_switch.value and "rigkit-lecture" not in stepper._dom_classes
+    assert list(stepper.children) == plain
+    assert RoundStepper(result, lecture=True).lecture_switch.value
+
+
 class FakeController:
     """Streams a saved result's rounds one by one, like RIGController.stream."""
 

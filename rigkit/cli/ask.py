@@ -72,10 +72,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_result(result), file=out)
     if args.html:
-        from rigkit.files import atomic_write_text
-        from rigkit.widgets.page import run_page
-
-        atomic_write_text(args.html, run_page(result, lecture=args.lecture))
+        result.save_html(args.html, lecture=args.lecture)
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
 

@@ -8,8 +8,8 @@ students, inside an ipywidgets `HTML` widget (which runs no scripts) and in Jupy
 - `comparison_html(results)`: runs of one question in columns, aligned by round, the final
   answers' word differences against the first run marked (difflib).
 - `run_page(result)` / `comparison_page(results)`: the whole document (`rigkit ask --html`,
-  `rigkit compare --html`). Not a `RIGResult` method: the trace is the bottom layer and imports
-  no view.
+  `rigkit compare --html`). `RIGResult.to_html()` / `save_html()` call `run_page` through an
+  import inside the method: the trace is the bottom layer and loads no view on import.
 
 `lecture=True` is for a projector: text of 18 px and more, a stepper that fits 1280x720, the
 decider's evidence and the token budget folded away. Token shading follows CircuitsVis-style

@@ -32,11 +32,17 @@ __all__ = ["RoundStepper", "ControllerFactory", "decider_names", "config_factory
 ControllerFactory = Callable[[str, "float | None"], Any]
 
 # Lecture mode: every pane's text at 18 px or more (the panes' inline 11-13 px sizes overridden),
-# the hit snippets capped so one round fits a 1280x720 projector.
+# and one round in two columns (draft and answer | decision, query and hits). The stepper is at
+# most the window's height less JupyterLab's bars (~130 px); the columns take what the header,
+# the controls and the folded budget leave, and scroll on their own, so at 1280x720 the whole
+# stepper shows in the notebook without scrolling whatever the header's length.
 LECTURE_STYLE = """<style>
 .rigkit-lecture, .rigkit-lecture * {font-size: max(18px, 1em) !important; line-height: 1.35 !important;}
-.rigkit-lecture .rigkit-hits {max-height: 230px; overflow: auto;}
-.rigkit-lecture .rigkit-draft {max-height: 200px; overflow: auto;}
+.rigkit-stepper.rigkit-lecture {max-height: calc(100vh - 130px);}
+.rigkit-lecture > * {flex-shrink: 0;}
+.rigkit-lecture > .rigkit-columns {flex: 0 1 auto; min-height: 0; gap: 16px;}
+.rigkit-lecture .rigkit-columns > .widget-vbox {flex: 1 1 0; min-width: 0; min-height: 0; overflow-y: auto;}
+.rigkit-lecture .rigkit-decision, .rigkit-lecture .rigkit-query {width: auto !important;}
 </style>"""
 
 def decider_names() -> list[str]:
@@ -106,16 +112,31 @@ class RoundStepper(W.VBox):
         self.next_button.on_click(lambda _: self.next())
         self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
         self.rerun_button.on_click(lambda _: self.rerun())
-        budget = self.panes.budget_box(lecture)
-        super().__init__(
-            ([W.HTML(LECTURE_STYLE)] if lecture else [])
-            + [self.header, self.controls, self.draft_pane, self.writing_pane, W.HBox([self.decision_pane,
-               self.query_pane]), self.hits_pane, budget, self.answer_pane],
-        )
+        self.lecture_switch = c.lecture_switch
+        self._lecture_style = W.HTML(LECTURE_STYLE)
+        self._stages = W.HBox([self.decision_pane, self.query_pane])
+        # lecture mode's layout: the same panes in two columns (shown instead of the plain one)
+        self._columns = W.HBox([W.VBox([self.draft_pane, self.writing_pane, self.answer_pane]),
+                                W.VBox([self.decision_pane, self.query_pane, self.hits_pane])])
+        self._columns.add_class("rigkit-columns")
+        super().__init__()
         self.add_class("rigkit-stepper")
-        if lecture:
-            self.add_class("rigkit-lecture")
+        self.set_lecture(lecture)
+        self.lecture_switch.observe(lambda ch: self.set_lecture(ch["new"]), names="value")
         self._refresh()
+
+    def set_lecture(self, on: bool) -> None:
+        """Switch lecture mode (the "lecture" button does the same): 18 px text and up, a round in
+        two columns that fits a 1280x720 projector, the token budget folded away."""
+        self.lecture = self.lecture_switch.value = bool(on)
+        p = self.panes
+        if self.lecture:
+            self.children = [self._lecture_style, self.header, self.controls, self._columns,
+                             p.budget_box(True)]
+        else:
+            self.children = [self.header, self.controls, self.draft_pane, self.writing_pane, self._stages,
+                             self.hits_pane, p.budget_box(False), self.answer_pane]
+        (self.add_class if self.lecture else self.remove_class)("rigkit-lecture")
 
     # ------------------------------------------------------------------------- constructors
     @classmethod

@@ -34,16 +34,18 @@ class StepperControls(W.VBox):
         self.threshold_picker = W.Text(value="", placeholder="decider default",
                                        description="threshold", layout=W.Layout(width="220px"))
         self.rerun_button = W.Button(description="re-run", tooltip="re-run with this decider")
+        self.lecture_switch = W.ToggleButton(description="lecture", tooltip="large type for a projector",
+                                             layout=W.Layout(width="auto"))
         self.status = W.HTML()
         for widget, cls in ((self.prev_button, "prev"), (self.next_button, "next"),
                             (self.slider, "slider"), (self.decider_picker, "decider"),
                             (self.threshold_picker, "threshold"), (self.rerun_button, "rerun"),
-                            (self.status, "status")):
+                            (self.lecture_switch, "lecture-switch"), (self.status, "status")):
             widget.add_class(f"rigkit-{cls}")
         # a threshold means nothing in another decider's unit: switching resets it to the default
         self.decider_picker.observe(lambda ch: self.default_threshold(ch["new"]), names="value")
         super().__init__([
-            W.HBox([self.prev_button, self.next_button, self.slider]),
+            W.HBox([self.prev_button, self.next_button, self.slider, self.lecture_switch]),
             W.HBox([self.decider_picker, self.threshold_picker, self.rerun_button, self.status]),
         ])
 
@@ -108,11 +110,18 @@ class RoundPanes:
         self.budget_plot = go.FigureWidget(figures.budget_figure(RoundTrace(0, *_empty_round())))
         self.budget_plot.layout.width = 520
 
+        self._budget = W.HBox([self.budget_plot, W.VBox([self.budget_pane, self.timings_pane])])
+        self._folded_budget: W.Accordion | None = None
+
     def budget_box(self, lecture: bool) -> Any:
-        budget: Any = W.HBox([self.budget_plot, W.VBox([self.budget_pane, self.timings_pane])])
-        if lecture:  # folded away: a projector has room for the draft, the decision and the search
-            budget = W.Accordion([budget], titles=("token budget and timings",), selected_index=None)
-        return budget
+        """The budget plot and the timings; folded away in lecture mode (a projector has room for
+        the draft, the decision and the search)."""
+        if not lecture:
+            return self._budget
+        if self._folded_budget is None:
+            self._folded_budget = W.Accordion([self._budget], titles=("token budget and timings",),
+                                              selected_index=None)
+        return self._folded_budget
 
     def show(self, rounds: Sequence[RoundTrace], index: int, result: RIGResult | None,
              protocol: MarkerProtocol) -> None:
