@@ -136,7 +136,7 @@ def test_cli_on_the_committed_labels(tmp_path, capsys):
     assert printed["splits"]["version"] == 2 and printed["generator"] == "smollm2-135m-instruct"
     assert set(printed["deciders"]) == {"prob", "entropy"}
     assert "margin" in printed["not_calibratable"]
-    for name, d in printed["deciders"].items():
+    for d in printed["deciders"].values():
         dev = d["grid"]["dev"]
         assert 2 <= len(dev) <= 12 and d["chosen_threshold"] in [p["threshold"] for p in dev]
         rates = [p["retrieval_rate"] for p in dev]
