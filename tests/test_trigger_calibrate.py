@@ -188,3 +188,13 @@ def test_scores_are_the_deciders_own():
     assert grid >= {0.3} and min(grid) == pytest.approx(0.1) and max(grid) == pytest.approx(0.9)
     # helped d1 .9, d2 .1 against d3 .8, d4 .1, d5 .1: d1 wins 3 pairs, d2 ties 2 of its 3
     assert math.isclose(result.deciders[0].auroc["dev"]["value"], 4 / 6)
+
+
+def test_margin_on_the_committed_margin_labels():
+    labels = load_labels(ROOT / "data" / "trigger" / "2wikimultihopqa-devtest-margins.jsonl")
+    assert all(len(r.margins) == len(r.tokens) for r in labels.rows)
+    result = calibrate(labels, deciders=["margin"], grid=11, bootstrap=0)
+    margin = result.deciders[0]
+    assert not result.skipped and result.meta["questions"] == {"dev": 33, "test": 33}
+    assert margin.at_default["dev"].threshold == 0.1 and margin.chosen is not None
+    assert all(0.0 <= p.retrieval_rate <= 1.0 for p in margin.grid["dev"])
