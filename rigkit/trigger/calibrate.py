@@ -287,11 +287,15 @@ def _not_calibratable(name: str, labels: LabelSet) -> str:
 
 
 def _build(name: str, threshold: float | None):
+    """Decider `name` at `threshold` (None: its default) through the registry, as a run builds it."""
+    import dataclasses
+
     from rigkit.build import build_decider
-    from rigkit.config import DeciderConfig
+    from rigkit.config import RunConfig
 
     params = {"use_attention": False} if name == "entropy" else {}
-    return build_decider(DeciderConfig(name=name, threshold=threshold, params=params))
+    section = RunConfig().with_decider(name).decider
+    return build_decider(dataclasses.replace(section, threshold=threshold, params=params))
 
 
 def _replay(decider, q: Question) -> tuple[bool, float]:
