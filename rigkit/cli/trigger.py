@@ -1,4 +1,4 @@
-"""`rigkit trigger build-labels | train | eval`: the retrieval-trigger classifier from the shell."""
+"""`rigkit trigger build-labels | train | eval | cross | calibrate`: the retrieval trigger from the shell."""
 
 from __future__ import annotations
 
@@ -94,6 +94,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="also write the JSON result here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cross)
+
+    p = sub.add_parser("calibrate", help="choose the deciders' thresholds on the dev split",
+                       description="Replay each decider on the labelled closed-book segments, per "
+                       "question: retrieval rate, recall of the questions retrieval turns right (r1) "
+                       "and over-search (questions answered right closed-book that retrieve anyway) "
+                       "over a threshold grid; choose the threshold on dev (best recall minus "
+                       "over-search, ties to fewer retrievals) and report it and the default on test.")
+    p.add_argument("--labels", required=True, help="labelled set from `rigkit trigger build-labels`")
+    p.add_argument("--deciders", default="prob,entropy,margin", help="deciders to calibrate")
+    p.add_argument("--grid", type=int, default=21, metavar="N",
+                   help="thresholds to try, at quantiles of the dev questions (default: %(default)s)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="question resamples for the ROC-AUC's 95%% interval (0: none)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--out", help="write the calibration JSON here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_calibrate)
 
 
 def _log(text: str) -> None:
@@ -218,6 +235,25 @@ def _cross(args: argparse.Namespace) -> int:
         for name, run in result["runs"].items():
             for note in run["notes"]:
                 print(f"note ({name}): {note}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from rigkit.cli import check_out
+    from rigkit.files import atomic_write_text
+    from rigkit.trigger.calibrate import calibrate
+    from rigkit.trigger.labelset import load_labels
+
+    _check_exists(args.labels, "--labels")
+    if args.out:
+        check_out(args.out, "file")
+    deciders = [d.strip() for d in args.deciders.split(",") if d.strip()]
+    result = calibrate(load_labels(args.labels), deciders=deciders, grid=args.grid,
+                       bootstrap=args.bootstrap, seed=args.seed)
+    data = result.to_dict()
+    if args.out:
+        atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
+    print(json.dumps(data) if args.json else result.table())
     return 0
 
 

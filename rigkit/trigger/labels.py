@@ -1,9 +1,10 @@
 """Build labelled segments from a QA set with gold answers and paragraphs.
 
 The generator answers each question closed-book, sentence by sentence (the controller with a
-never-retrieving decider, which records each segment's text, token log-probabilities, entropies
-and, for the hidden-state probe, the generator's mean-pooled last-layer state at decision time:
-exactly what the classifier decider sees at run time). Then every segment gets a verdict from each
+never-retrieving decider, which records each segment's text, token log-probabilities, entropies,
+top-1 minus top-2 margins where the backend gives them and, for the hidden-state probe, the
+generator's mean-pooled last-layer state at decision time: exactly what the classifier decider
+sees at run time). Then every segment gets a verdict from each
 rule below; the set's `label` is the chosen rule's verdict, and all verdicts are stored so a set
 can be re-labelled without the model.
 
@@ -129,7 +130,7 @@ def label_question(
             LabelledSegment(
                 qid=str(record["id"]), question=record["question"], text=seg.text,
                 label=verdicts[rule], index=i, tokens=list(seg.tokens),
-                logprobs=list(seg.logprobs), entropies=list(seg.entropies),
+                logprobs=list(seg.logprobs), entropies=list(seg.entropies), margins=list(seg.margins),
                 hidden=hidden[i] if i < len(hidden) else None, rules=verdicts,
                 info={"unsupported": facts, **r1, "type": record.get("type", ""),
                       "closed_answer": closed.answer, "gold_answer": with_gold.answer,

@@ -4,8 +4,8 @@ A labelled set is a JSONL file whose first line is a metadata header (`{"_meta":
 generator spec that wrote the segments, the labelling rule, the QA file's content hash) followed by
 one `LabelledSegment` a line. Files without that header are read as *bring-your-own* labels: a CSV
 or JSONL table with at least `text` and `label` columns (optionally `question`, `qid`, `split`;
-JSONL rows may add `tokens`, `logprobs`, `entropies` from their generator), the seed use case
-being a vertical domain (law, medicine) where a team labels its own segments.
+JSONL rows may add `tokens`, `logprobs`, `entropies`, `margins` from their generator), the seed
+use case being a vertical domain (law, medicine) where a team labels its own segments.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class LabelledSegment:
     """One generated (or user-written) segment with its label and the evidence features need.
 
     `tokens` / `logprobs` / `entropies` are parallel per-token lists (empty for bring-your-own
-    rows); `hidden` is the generator's mean-pooled last-layer state of the segment, (hidden_dim,).
+    rows); `margins` too (top-1 minus top-2 probability, for the margin decider) where the
+    generator gave them and the set was built after they were stored, else empty; `hidden` is the generator's mean-pooled last-layer state of the segment, (hidden_dim,).
     `rules` holds every rule's verdict so a set can be re-labelled by another rule without
     re-running the model; `label` is the verdict of the set's chosen rule.
     """
@@ -49,6 +50,7 @@ class LabelledSegment:
     hidden: list[float] | None = None
     rules: dict[str, int] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    margins: list[float] = field(default_factory=list)  # last: older files have no such field
 
     def segment(self) -> Segment:
         """The row as a trace `Segment`, so deciders can score it exactly as in a run."""
@@ -58,6 +60,7 @@ class LabelledSegment:
             token_ids=list(range(len(self.tokens))),
             logprobs=list(self.logprobs),
             entropies=list(self.entropies),
+            margins=list(self.margins),
         )
 
     @property
@@ -105,7 +108,7 @@ class LabelSet:
 def _row_to_json(row: LabelledSegment) -> dict[str, Any]:
     data = asdict(row)
     # 6 significant digits keep a 576-wide hidden state ~4 kB a row without changing predictions.
-    for key in ("logprobs", "entropies"):
+    for key in ("logprobs", "entropies", "margins"):
         data[key] = [float(f"{x:.6g}") for x in data[key]]
     if data["hidden"] is not None:
         data["hidden"] = [float(f"{x:.6g}") for x in data["hidden"]]
@@ -163,6 +166,7 @@ def _load_table(path: Path, records: list[tuple[int, dict[str, Any]]]) -> LabelS
                 tokens=list(rec.get("tokens") or []),
                 logprobs=[float(x) for x in rec.get("logprobs") or []],
                 entropies=[float(x) for x in rec.get("entropies") or []],
+                margins=[float(x) for x in rec.get("margins") or []],
             )
         )
     meta = {"rule": "user", "source": str(path), "generator": None, "data_hash": _file_hash(path)}
