@@ -108,3 +108,15 @@ def test_split_all_scores_labels_of_another_set_and_refuses_overlap(trained):
     assert resolve_split(own, trained, None) == "test"
     with pytest.raises(InputError, match="--split all"):
         resolve_split(own, trained, "all")
+
+
+def test_an_int8_model_has_a_weights_fingerprint_of_its_own():
+    # int8 Linear layers keep their weights packed in tuples inside the state dict
+    from rigkit.generation.loading import _int8 as quantize_int8
+    from rigkit.trigger.model import weights_fingerprint
+    from tests.tiny_model import tiny_generator
+
+    plain, packed = tiny_generator(seed=0), tiny_generator(seed=0)
+    packed.model = quantize_int8(packed.model)
+    assert weights_fingerprint(packed) == weights_fingerprint(packed)
+    assert weights_fingerprint(packed) != weights_fingerprint(plain)

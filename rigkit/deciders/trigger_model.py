@@ -257,11 +257,23 @@ def weights_fingerprint(generator: Any) -> str | None:
     if model is None or not hasattr(model, "state_dict"):
         return None
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        edges = flat[:64].float().cpu().numpy().tobytes() + flat[-64:].float().cpu().numpy().tobytes()
-        h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode() + edges)
+    for name, value in sorted(model.state_dict().items()):
+        for tensor in _tensors(value):
+            flat = (tensor.dequantize() if tensor.is_quantized else tensor).detach().reshape(-1)
+            edges = flat[:64].float().cpu().numpy().tobytes() + flat[-64:].float().cpu().numpy().tobytes()
+            h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode() + edges)
     return h.hexdigest()
+
+
+def _tensors(value: Any) -> list[Any]:
+    """The tensors of one state-dict entry: int8 Linear layers store theirs packed in a tuple."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
 
 
 def check_weights(meta: dict[str, Any], generator: Any | None) -> None:
