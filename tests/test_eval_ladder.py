@@ -75,7 +75,7 @@ def test_ladder_runs_each_rung_into_its_folder_and_tables_them(tmp_path, capsys)
                and r.difference is None for r in floor)
     assert [(r.rung, r.size, r.system) for r in rows] == [
         ("tiny-135m", 0.135, "closed_book"), ("tiny-135m", 0.135, "rag"), ("big", 1.5, "closed_book"), ("big", 1.5, "rag")]
-    assert rows[1].em_open == 0.0 and rows[1].open_questions == 3  # "It is Shawn Levy." is not the short answer line
+    assert rows[1].em_open == 1.0 and rows[1].open_questions == 3 and rows[0].em_open == 0.0  # short answer "Shawn Levy"
     closed = rows[0]
     # closed-book: 0 of 3 right; rag: 3 of 3; so closed_book − rag = −1 on every question
     assert closed.score.value == 0.0 and rows[1].score.value == 1.0 and rows[1].retrievals == 1.0

@@ -173,12 +173,11 @@ def floor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def ladder_rows(folder: str | Path, baseline: str = "rag", data: dict[str, Any] | None = None) -> list[LadderRow]:
     """Every (rung, system) of a ladder folder, from its rungs' result lines (`data`: its ladder
     file, already read)."""
+    from rigkit.eval.answers import with_open_scores
     from rigkit.eval.decisions import with_type_aware
     from rigkit.eval.paired import compare_systems, per_question, share_interval
     from rigkit.eval.report import load_run
     from rigkit.eval.runner import RESULTS_FILE
-
-    from rigkit.eval.answers import with_open_scores
 
     out: list[LadderRow] = []
     every: list[dict[str, Any]] = []
