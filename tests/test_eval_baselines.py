@@ -196,3 +196,33 @@ def test_the_stored_split_is_what_write_splits_makes_from_the_qa_file(tmp_path, 
     write_splits(tmp_path)
     assert load_splits(tmp_path) == load_splits(DATA / name)
     assert split_info(tmp_path) == split_info(DATA / name)
+
+
+def test_report_split_cuts_a_run_over_every_question_to_the_stored_split(tmp_path):
+    from rigkit.datasets import fingerprint
+    from rigkit.eval.report import write_report
+
+    data = tmp_path / "set"
+    data.mkdir()
+    splits = {"train": ["a"], "dev": ["b"], "test": ["c", "d"]}
+    (data / "splits.json").write_text(json.dumps({"version": 2, **splits}))
+    everything = tmp_path / "all"
+    everything.mkdir()
+    (everything / RESULTS_FILE).write_text("".join(
+        json.dumps(_row(q, s, "Who?", "A", 1.0 if s == "rag" else 0.0)) + "\n"
+        for q in "abcd" for s in ("rag", "rig:prob")))
+    (everything / "meta.json").write_text(json.dumps({"qa": str(data / "qa.jsonl"), "split": "all", "config": {}}))
+    tested = _run_folder(tmp_path / "tested", {"qa": str(data / "qa.jsonl"), "split_version": 2,
+                                               "split_fingerprint": fingerprint(splits)})
+    (tested / RESULTS_FILE).write_text("".join(json.dumps(_row(q, "question_only", "Who?", "A", 0.0)) + "\n"
+                                               for q in "cd"))
+    with pytest.raises(InputError, match="not over the same questions"):  # without --split
+        load_compared(everything, [str(tested)])
+    write_report(everything, compare=[f"{tested}=floor"], out=tmp_path / "out", split="test")
+    first = (tmp_path / "out" / "report.md").read_text().splitlines()[2]
+    assert "split: test, version 2" in first and "cut from runs over every question" in first
+    assert ", 2 questions, 3 systems" in first
+    meta, rows = load_compared(everything, [str(tested)], split="test")
+    assert {r["id"] for r in rows} == {"c", "d"} and meta["split_version"] == 2
+    with pytest.raises(InputError, match="ran on the test split"):
+        load_compared(tested, [str(everything)], split="dev")

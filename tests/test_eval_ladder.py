@@ -12,6 +12,7 @@ from rigkit.cli import main
 from rigkit.errors import InputError
 from rigkit.eval.ladder import (
     LADDER_FILE,
+    NO_MODEL,
     ladder_rows,
     ladder_table,
     parse_rung,
@@ -66,15 +67,22 @@ def test_ladder_runs_each_rung_into_its_folder_and_tables_them(tmp_path, capsys)
     assert sorted(p.name for p in out.iterdir()) == sorted(["big", LADDER_FILE, "ladder.html", "ladder.md", "tiny-135m"])
     meta = json.loads((out / "big" / "meta.json").read_text())
     assert meta["config"]["generator"]["model"] == "tiny-1.5b"  # the rung's spec reached the config
-    rows = ladder_rows(out)
+    floor, rows = ladder_rows(out)[:2], ladder_rows(out)[2:]
+    # the model-free floor leads, scored on the rungs' questions: open questions, so 0 EM; echo 0 Cover EM
+    assert [(r.rung, r.size, r.system, r.questions) for r in floor] == [(NO_MODEL, None, "question_only", 3),
+                                                                       (NO_MODEL, None, "echo", 3)]
+    assert all(r.score.value == 0.0 and r.cover_em == 0.0 and r.em_open == 0.0 and r.open_questions == 3
+               and r.difference is None for r in floor)
     assert [(r.rung, r.size, r.system) for r in rows] == [
         ("tiny-135m", 0.135, "closed_book"), ("tiny-135m", 0.135, "rag"), ("big", 1.5, "closed_book"), ("big", 1.5, "rag")]
+    assert rows[1].em_open == 1.0 and rows[1].open_questions == 3 and rows[0].em_open == 0.0  # short answer "Shawn Levy"
     closed = rows[0]
     # closed-book: 0 of 3 right; rag: 3 of 3; so closed_book − rag = −1 on every question
     assert closed.score.value == 0.0 and rows[1].score.value == 1.0 and rows[1].retrievals == 1.0
     assert closed.difference.difference == -1.0 and (closed.difference.wins, closed.difference.losses) == (0, 3)
     header, body = ladder_table(rows)
     assert body[0][header.index("Type-aware − rag [95%]")] == "-1.000 [-1.000, -1.000]"
+    assert ladder_table(floor)[1][0][:4] == [NO_MODEL, "–", "question_only", "3"]
     # the report rebuilds from the folders alone
     (out / "ladder.md").unlink()
     assert main(["report", str(out)]) == 0

@@ -101,6 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rp.add_argument("--compare", action="append", default=[], metavar="DIR[=LABEL]",
                     help="add the systems of another run over the same questions as `system [LABEL]` "
                          "(label: the folder name), paired against the baseline too (repeatable)")
+    rp.add_argument("--split", choices=("train", "dev", "test"),
+                    help="only the questions of this stored split (data/<set>/splits.json), in DIR and every "
+                         "--compare folder: a run over every question is cut to them (not for a ladder folder)")
     rp.add_argument("--out", help="folder for report.md and report.html, or a ladder folder's ladder.md "
                                   "and ladder.html (default: DIR)")
     rp.add_argument("--json", action="store_true", help="print the paths as JSON on stdout")
@@ -199,13 +202,14 @@ def _run_report(args: argparse.Namespace) -> int:
     from rigkit.eval.report import write_report
 
     if is_ladder(args.dir):  # a ladder folder: the ladder's table and figure
-        if args.compare:
-            raise InputError(f"--compare: {args.dir} is a ladder folder; compare its rung folders "
-                             f"(rigkit report {Path(args.dir) / '<rung>'} --compare ...)")
+        if args.compare or args.split:
+            flag = "--compare" if args.compare else "--split"
+            raise InputError(f"{flag}: {args.dir} is a ladder folder; report its rung folders "
+                             f"(rigkit report {Path(args.dir) / '<rung>'} {flag} ...)")
         path = write_ladder_report(args.dir, args.baseline, args.out)
         md = path.with_name("ladder.md")
     else:
-        path = write_report(args.dir, args.baseline, args.compare, args.out)
+        path = write_report(args.dir, args.baseline, args.compare, args.out, args.split)
         md = path.with_name("report.md")
     if args.json:
         print(json.dumps({"html": str(path), "markdown": str(md)}))

@@ -11,8 +11,11 @@ serves it:
 
 Each rung is an ordinary `rigkit eval` run in `OUT/<label>/` (resumable; its own report), and
 `OUT/ladder.json` lists the rungs, so the ladder's report rebuilds from the result lines alone.
-Per rung and system the table gives the type-aware score and Cover EM, retrievals per question
-and the paired difference from `rag` on the same questions (bootstrap interval, McNemar).
+Per rung and system the table gives the type-aware score and Cover EM, short-answer EM on the open
+questions, retrievals per question and the paired difference from `rag` on the same questions
+(bootstrap interval, McNemar). The model-free floor (`question_only`, `echo`: no model, so one row
+each, rung "(no model)") is scored on the rungs' questions and leads the table, unless a rung ran
+them itself.
 """
 
 from __future__ import annotations
@@ -136,30 +139,71 @@ class LadderRow:
     cover_em: float | None
     retrievals: float | None
     difference: Any  # PairedComparison against rag, or None
+    em_open: float | None = None  # short-answer EM on the open questions
+    open_questions: int = 0
+
+
+NO_MODEL = "(no model)"  # the rung of the model-free floor rows
+
+
+def floor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`question_only` and `echo` answered and scored (as `rigkit eval` would: no model) on the
+    questions of `rows` (result lines: id, question, gold, type), one line per question each."""
+    from rigkit.config import RunConfig
+    from rigkit.eval.metrics import QAItem
+    from rigkit.eval.runner import answer_row
+    from rigkit.eval.systems import build_system, parse_system
+
+    questions = {}
+    for row in rows:
+        if row.get("question") and row.get("gold"):
+            questions.setdefault(str(row["id"]), row)
+    config = RunConfig()
+    out = []
+    for name in ("question_only", "echo"):
+        system = build_system(parse_system(name), config, None, None)
+        for qid, row in questions.items():
+            gold = list(row["gold"])
+            item = QAItem(qid, row["question"], gold[0], tuple(gold[1:]), type=row.get("type") or "",
+                          dataset=row.get("dataset") or "")
+            out.append(answer_row(system, item, 0, 0, None)[0])
+    return out
 
 
 def ladder_rows(folder: str | Path, baseline: str = "rag", data: dict[str, Any] | None = None) -> list[LadderRow]:
     """Every (rung, system) of a ladder folder, from its rungs' result lines (`data`: its ladder
     file, already read)."""
+    from rigkit.eval.answers import with_open_scores
     from rigkit.eval.decisions import with_type_aware
     from rigkit.eval.paired import compare_systems, per_question, share_interval
     from rigkit.eval.report import load_run
     from rigkit.eval.runner import RESULTS_FILE
 
-    out = []
+    out: list[LadderRow] = []
+    every: list[dict[str, Any]] = []
+
+    def add(rung: str, size: float | None, rows: list[dict[str, Any]]) -> None:
+        rows = with_open_scores(with_type_aware(rows))
+        scores, cover = per_question(rows, "type_aware"), per_question(rows, "cover_em")
+        retrievals, em_open = per_question(rows, "retrievals"), per_question(rows, "em_open")
+        paired = {c.system: c for c in compare_systems(rows, baseline, ("type_aware",))}
+        for system in dict.fromkeys(r["system"] for r in rows):
+            mine = list(scores.get(system, {}).values())
+            out.append(LadderRow(rung, size, system, len(mine), share_interval(mine) if mine else None,
+                                 _mean(cover.get(system)), _mean(retrievals.get(system)), paired.get(system),
+                                 _mean(em_open.get(system)), len(em_open.get(system) or {})))
+
     for rung in _rungs(data if data is not None else _read_data(Path(folder))):
         path = Path(folder) / rung.folder
         if not (path / RESULTS_FILE).exists():
             continue
         _, rows = load_run(path)
-        rows = with_type_aware(rows)
-        scores, cover = per_question(rows, "type_aware"), per_question(rows, "cover_em")
-        retrievals = per_question(rows, "retrievals")
-        paired = {c.system: c for c in compare_systems(rows, baseline, ("type_aware",))}
-        for system in dict.fromkeys(r["system"] for r in rows):
-            mine = list(scores.get(system, {}).values())
-            out.append(LadderRow(rung.label, rung.size, system, len(mine), share_interval(mine) if mine else None,
-                                 _mean(cover.get(system)), _mean(retrievals.get(system)), paired.get(system)))
+        every += rows
+        add(rung.label, rung.size, rows)
+    if every and not {"question_only", "echo"} & {r["system"] for r in every}:
+        rungs = len(out)
+        add(NO_MODEL, None, floor_rows(every))
+        out = out[rungs:] + out[:rungs]  # the floor leads
     return out
 
 
@@ -168,14 +212,15 @@ def _mean(values: dict[str, float] | None) -> float | None:
 
 
 def ladder_table(rows: Sequence[LadderRow], baseline: str = "rag") -> tuple[list[str], list[list[str]]]:
-    header = ["Model", "Size (B)", "System", "Questions", "Type-aware [95%]", "Cover EM", "Retrievals/q",
-              f"Type-aware − {baseline} [95%]", "Wins / losses, p"]
+    header = ["Model", "Size (B)", "System", "Questions", "Type-aware [95%]", "Cover EM", "EM open (short)",
+              "Retrievals/q", f"Type-aware − {baseline} [95%]", "Wins / losses, p"]
     body = []
     for r in rows:
         c = r.difference
         body.append([r.rung, "–" if r.size is None else f"{r.size:g}", r.system, str(r.questions),
                      "–" if r.score is None else str(r.score),
                      "–" if r.cover_em is None else f"{r.cover_em:.3f}",
+                     "–" if r.em_open is None else f"{r.em_open:.3f} ({r.open_questions})",
                      "–" if r.retrievals is None else f"{r.retrievals:.2f}",
                      "" if c is None else f"{c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}]",
                      "" if c is None else f"{c.wins} / {c.losses}, p={c.p_value:.2g}"])
@@ -198,9 +243,12 @@ def write_ladder_report(folder: str | Path, baseline: str = "rag", out: str | Pa
     table = ladder_table(rows, baseline)
     where = "" if target_dir.resolve() == folder.resolve() else f" under `{folder}`"
     intro = (f"Model-size ladder: `{data.get('qa')}`, systems `{data.get('systems')}`; each rung's own report "
-             f"is in its folder{where}. Type-aware: Cover EM with yes/no and two-option questions scored as such.")
+             f"is in its folder{where}. Type-aware: Cover EM with yes/no and two-option questions scored as such. "
+             f"EM open: short-answer EM on the open questions (their count in brackets). `{NO_MODEL}`: the floor "
+             "without a model (`question_only`: the first option named, or yes; `echo`: the question), on the "
+             "rungs' questions; a system beats another only if it also beats `question_only`.")
     atomic_write_text(target_dir / "ladder.md", f"# rigkit ladder\n\n{intro}\n\n{markdown_table(table)}\n")
-    fig = ladder_figure(rows, baseline)
+    fig = ladder_figure([r for r in rows if r.rung != NO_MODEL], baseline)  # no size: not on the size axis
     html = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>rigkit ladder</title></head><body>"
             f"<h1>rigkit ladder</h1><p>{intro.replace('`', '')}</p>{html_table(table)}"
             f"{fig.to_html(full_html=False, include_plotlyjs=True, default_width='100%')}</body></html>")

@@ -231,7 +231,8 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         f"layout: {cfg.get('context', {}).get('layout', '?')}; config: "
         f"`{meta.get('config_file') or 'defaults'}`.")
     return [
-        f"Data: `{meta.get('qa', '?')}` (split: {meta.get('split', '?')}, {split_label(meta)}), {questions} questions, "
+        f"Data: `{meta.get('qa', '?')}` (split: {meta.get('split', '?')}, {split_label(meta)}"
+        f"{'; cut from runs over every question' if meta.get('restricted_from') else ''}), {questions} questions, "
         f"{len(systems)} systems, {runs} run(s), {len(rows)} answers.",
         model_line,
         f"EM / F1 open: on the {len(open_questions)} of {questions} questions that are open (neither yes/no "
@@ -343,12 +344,13 @@ def html_report(meta: dict[str, Any], rows: list[dict[str, Any]], baseline: str 
 
 
 def write_report(run_dir: str | Path, baseline: str = DEFAULT_BASELINE, compare: Sequence[str] = (),
-                 out: str | Path | None = None) -> Path:
+                 out: str | Path | None = None, split: str | None = None) -> Path:
     """Write report.md and report.html into `out` (default: run_dir); returns the HTML path.
 
     Systems are compared question by question against `baseline` when it is among them; the
-    systems of the `compare` folders join as `system [label]` (`load_compared`)."""
-    meta, rows = load_compared(run_dir, compare)
+    systems of the `compare` folders join as `system [label]` (`load_compared`). `split`: only
+    that stored split's questions, from every folder (a run over every question is cut to them)."""
+    meta, rows = load_compared(run_dir, compare, split)
     folder = Path(out) if out is not None else Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     if not rows:

@@ -13,7 +13,7 @@ from rigkit.config import RunConfig
 from rigkit.errors import InputError
 from rigkit.eval.runner import RESULTS_FILE, read_results
 
-__all__ = ["META_FILE", "load_compared", "load_run", "read_meta", "split_label"]
+__all__ = ["META_FILE", "load_compared", "load_run", "read_meta", "restrict_to_split", "split_label"]
 
 META_FILE = "meta.json"
 
@@ -42,17 +42,19 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return meta
 
 
-def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def load_compared(run_dir: str | Path, compare: Sequence[str] = (),
+                  split: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`load_run(run_dir)` with the systems of other run folders over the same questions added
     as `system [label]`, so one report pairs, e.g., `rag [rerank]` against the first run's `rag`.
 
     Each of `compare` is `DIR` or `DIR=LABEL` (label: the folder name); `meta["compared"]`
-    records every folder and the config keys in which it differs from the first."""
-    meta, rows = load_run(run_dir)
+    records every folder and the config keys in which it differs from the first. With `split`,
+    every folder is first restricted to that stored split's questions (`restrict_to_split`)."""
+    meta, rows = _load(run_dir, split)
     compared = []
     for spec in compare:
         folder, _, label = spec.partition("=")
-        other_meta, other_rows = load_run(folder)
+        other_meta, other_rows = _load(folder, split)
         label = label or Path(folder).name
         for key in ("qa", "split", "limit"):
             same = (_same_file if key == "qa" else operator.eq)(other_meta.get(key), meta.get(key))
@@ -71,6 +73,44 @@ def load_compared(run_dir: str | Path, compare: Sequence[str] = ()) -> tuple[dic
     if compared:
         meta = {**meta, "compared": compared}
     return meta, rows
+
+
+def _load(folder: str | Path, split: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    meta, rows = load_run(folder)
+    return restrict_to_split(meta, rows, split, folder) if split else (meta, rows)
+
+
+def restrict_to_split(meta: dict[str, Any], rows: list[dict[str, Any]], split: str,
+                      where: str | Path = "the run") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run's (meta, rows) on the questions of one stored split (`splits.json` beside its QA file).
+
+    A run over every question is cut to the split's questions, and its meta then reads as a run of
+    that split in the file's current version (`restricted_from: "all"`); a run of that split is
+    kept as it is (its own version stands, so pairing checks it); a run of another split, or cut
+    by `--limit`, is an InputError."""
+    from rigkit.datasets import SPLIT_NAMES, load_splits, split_info
+
+    if split not in SPLIT_NAMES:
+        raise InputError(f"--split {split}: choose from {', '.join(SPLIT_NAMES)}")
+    ran = meta.get("split", "all")
+    if ran == split:
+        return meta, rows
+    if ran != "all":
+        raise InputError(f"--split {split}: {where} ran on the {ran} split, not on every question")
+    if meta.get("limit"):
+        raise InputError(f"--split {split}: {where} ran on the first {meta['limit']} questions only (--limit), "
+                         "so it does not hold the split's questions")
+    if not meta.get("qa"):
+        raise InputError(f"--split {split}: {where}'s meta.json names no QA file, so its splits.json is unknown")
+    folder = Path(meta["qa"]).parent
+    if not (folder / "splits.json").exists():
+        raise InputError(f"--split {split}: no {folder / 'splits.json'} beside {where}'s QA file "
+                         "(run the report from the folder `rigkit eval` ran in)")
+    wanted = set(load_splits(folder)[split])
+    kept = [r for r in rows if r["id"] in wanted]
+    info = split_info(folder)
+    return {**meta, "split": split, "split_version": info["version"], "split_fingerprint": info["fingerprint"],
+            "restricted_from": "all"}, kept
 
 
 def split_label(meta: dict[str, Any]) -> str:
