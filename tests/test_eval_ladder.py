@@ -126,3 +126,13 @@ def test_report_rebuilds_both_files_of_the_committed_ladder(tmp_path, capsys):
     section = doc[doc.index("### The model-size ladder"):doc.index("## What changed in the numbers")]
     rebuilt = rows((tmp_path / "ladder.md").read_text(encoding="utf-8"))
     assert len(rebuilt) == 4 and rebuilt == rows(section)
+
+
+def test_a_later_ladder_run_adding_systems_keeps_the_earlier_ones_in_its_record(tmp_path):
+    retriever = DictRetriever({}, default=[Hit("f#0", "f", "Film", "Directed by Shawn Levy.", 1.0)])
+    out = tmp_path / "ladder"
+    for systems in ("rag", "closed_book,rag"):
+        run_ladder(_qa(tmp_path), out, ["tiny-135m"], systems, generator=Replies(), retriever=retriever,
+                   faithfulness=False, progress=False)
+    assert json.loads((out / LADDER_FILE).read_text())["systems"] == "rag,closed_book"
+    assert "systems `rag,closed_book`" in (out / "ladder.md").read_text()

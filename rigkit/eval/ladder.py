@@ -110,10 +110,13 @@ def run_ladder(qa: str | Path, out: str | Path, specs: Sequence[str], systems: s
     rungs = parse_rungs(specs)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    old = _rungs(_read_data(folder)) if is_ladder(folder) else []
-    kept = [r for r in old if r.folder not in {n.folder for n in rungs}]
+    data = _read_data(folder) if is_ladder(folder) else {}
+    kept = [r for r in _rungs(data) if r.folder not in {n.folder for n in rungs}] if data else []
+    # a later run adding systems to the same rungs keeps the earlier ones in the record
+    earlier = [s for s in str(data.get("systems", "")).split(",") if s]
+    every = ",".join(dict.fromkeys([*earlier, *(s.strip() for s in systems.split(",") if s.strip())]))
     atomic_write_text(folder / LADDER_FILE, json.dumps(
-        {"qa": str(qa), "systems": systems, "rungs": [asdict(r) for r in [*kept, *rungs]]}, indent=1))
+        {"qa": str(qa), "systems": every, "rungs": [asdict(r) for r in [*kept, *rungs]]}, indent=1))
     for rung in rungs:
         evaluate(qa, folder / rung.folder, systems, settings=[*settings, *rung.set_args()], **evaluate_kwargs)
     return write_ladder_report(folder)
