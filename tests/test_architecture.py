@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -508,6 +509,17 @@ def _plant(path: Path, line: str) -> None:
     path.write_text(path.read_text(encoding="utf-8") + "\n" + line + "\n", encoding="utf-8")
 
 
+@contextmanager
+def planted(path: Path, line: str) -> Iterator[None]:
+    """`line` added to the copied file for the block, then the file as it was."""
+    before = path.read_text(encoding="utf-8")
+    _plant(path, line)
+    try:
+        yield
+    finally:
+        path.write_text(before, encoding="utf-8")
+
+
 @pytest.mark.parametrize("module, line, expected", [
     ("trace.py", "from rigkit.controller import RIGController", "rigkit.trace imports rigkit.controller"),
     ("text.py", "def later():\n    from rigkit.generation import HFGenerator",
@@ -527,25 +539,17 @@ def test_a_planted_upward_import_fails_the_check(copied, module, line, expected)
     package = copied / "rigkit"
     assert upward_imports(package) == []
     target = package / module
-    before = target.read_text(encoding="utf-8")
-    _plant(target, line)
-    try:
+    with planted(target, line):
         assert any(w.startswith(expected) for w in upward_imports(package)), expected
-    finally:
-        target.write_text(before, encoding="utf-8")
 
 
 def test_a_planted_circle_across_folders_fails_the_check(copied):
     package = copied / "rigkit"
     target = package / "corpus.py"
-    before = target.read_text(encoding="utf-8")
     assert not [c for c in import_circles(package) if crosses_folders(c, package)]
-    _plant(target, "def later():\n    from rigkit.readers import read_files")
-    try:
+    with planted(target, "def later():\n    from rigkit.readers import read_files"):
         crossing = [c for c in import_circles(package) if crosses_folders(c, package)]
         assert crossing and {"rigkit.corpus", "rigkit.readers"} <= set().union(*crossing)
-    finally:
-        target.write_text(before, encoding="utf-8")
 
 
 def test_the_deferred_view_import_is_the_listed_one_and_loads_nothing_on_import():
@@ -559,24 +563,16 @@ def test_the_deferred_view_import_is_the_listed_one_and_loads_nothing_on_import(
 def test_the_deferred_view_import_at_module_level_closes_a_circle(copied):
     package = copied / "rigkit"
     target = package / "trace.py"
-    before = target.read_text(encoding="utf-8")
-    _plant(target, "from rigkit.widgets.page import run_page")
-    try:
+    with planted(target, "from rigkit.widgets.page import run_page"):
         crossing = [c for c in import_circles(package) if crosses_folders(c, package)]
         assert crossing and {"rigkit.trace", "rigkit.widgets.page"} <= set().union(*crossing)
-    finally:
-        target.write_text(before, encoding="utf-8")
 
 
 def test_a_type_checking_import_closes_no_circle(copied):
     package = copied / "rigkit"
     target = package / "corpus.py"
-    before = target.read_text(encoding="utf-8")
-    _plant(target, "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rigkit.readers import Reader")
-    try:
+    with planted(target, "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rigkit.readers import Reader"):
         assert not [c for c in import_circles(package) if crosses_folders(c, package)]
-    finally:
-        target.write_text(before, encoding="utf-8")
 
 
 def test_the_kept_segments_are_read_in_one_place():
@@ -595,12 +591,8 @@ def test_the_kept_segments_are_read_in_one_place():
 ])
 def test_a_planted_second_kept_segment_rule_fails_the_check(copied, line):
     target = copied / "rigkit" / "eval" / "metrics.py"
-    before = target.read_text(encoding="utf-8")
-    _plant(target, line)
-    try:
+    with planted(target, line):
         assert [w for w in kept_rules(copied / "rigkit") if w.startswith("rigkit.eval.metrics:")]
-    finally:
-        target.write_text(before, encoding="utf-8")
 
 
 def test_a_planted_bench_import_of_the_commands_fails_the_check(copied):
