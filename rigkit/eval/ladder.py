@@ -111,7 +111,7 @@ def run_ladder(qa: str | Path, out: str | Path, specs: Sequence[str], systems: s
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     data = _read_data(folder) if is_ladder(folder) else {}
-    kept = [r for r in _rungs(data) if r.folder not in {n.folder for n in rungs}] if data else []
+    kept = [r for r in _rungs(data) if r.folder not in {n.folder for n in rungs}]
     # a later run adding systems to the same rungs keeps the earlier ones in the record
     earlier = [s for s in str(data.get("systems", "")).split(",") if s]
     every = ",".join(dict.fromkeys([*earlier, *(s.strip() for s in systems.split(",") if s.strip())]))
