@@ -30,6 +30,7 @@ from rigkit.config import (
 from rigkit.context import ContextManager
 from rigkit.controller import RIGController
 from rigkit.deciders import Decider
+from rigkit.deciders.calibration import calibrated_section
 from rigkit.generation import Generator
 from rigkit.markers import MarkerProtocol, resolve_protocol
 from rigkit.queries import QueryBuilder
@@ -90,7 +91,7 @@ def build_run(
                  else with_reranker(retriever, config.retrieval, generator))
     # one marker protocol for the system prompt, the stop rule, the passages and the decider
     protocol = resolve_protocol(config.context.marker_protocol, config.context.marker_tag)
-    decider_config = _with_protocol(config.decider, protocol)
+    decider_config = calibrated_section(_with_protocol(config.decider, protocol), config.generator.model)
     from rigkit.deciders import check_decider_support
 
     check_decider_support(decider_config, generator)  # what the decider's class needs of the model

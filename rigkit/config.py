@@ -134,6 +134,7 @@ class DeciderConfig:
     trigger_model: str | None = None  # classifier decider: path of the trained model file
     entity_checklist: bool = False  # keep retrieving while a question entity is uncovered
     skip_if_no_entity: bool = False  # entity checklist: no retrieval when the question names no entity
+    calibration: str | None = None  # a `rigkit trigger calibrate` file: the threshold chosen there for this decider and model wins
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,8 @@ class RunConfig:
         None, keeps the section. The one place that rule lives."""
         if name is None or name == self.decider.name:
             return self
-        return dataclasses.replace(self, decider=DeciderConfig(name=name))
+        # a calibration file holds a threshold per decider: it still applies after the switch
+        return dataclasses.replace(self, decider=DeciderConfig(name=name, calibration=self.decider.calibration))
 
     def override(self, **sections: dict[str, Any]) -> RunConfig:
         """A copy with some fields replaced: `cfg.override(decider={"name": "entropy"})`."""

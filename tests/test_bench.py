@@ -24,7 +24,7 @@ from tests.tiny_model import tiny_generator
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("retrieval", "cache", "overhead", "latency", "stages", "startup", "compression")
+SCRIPTS = ("retrieval", "cache", "overhead", "cost", "latency", "stages", "startup", "compression")
 
 PASSAGES = [
     Hit("apache#0", "apache", "Apache", "the apache licence may grant a patent", 1.0),
@@ -93,7 +93,7 @@ def test_report_lists_parts_that_did_not_run(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_every_bench_script_runs_in_quick_mode(tmp_path):
     # each script is limited on its own (a minute or two each on a quiet 2-core machine), not
-    # the seven together: a hang names its script
+    # all together: a hang names its script
     for script in SCRIPTS:
         done = subprocess.run(
             [sys.executable, str(BENCH / f"{script}.py"), "--quick", "--out-dir", str(tmp_path)],
@@ -116,6 +116,10 @@ def test_every_bench_script_runs_in_quick_mode(tmp_path):
         assert modes["none"]["passage_tokens_vs_none"] == 1 and modes["extractive"]["passage_tokens_vs_none"] <= 1
     overhead = json.loads((tmp_path / "overhead.json").read_text())
     assert all(s["same_tokens"] == s["questions"] for s in overhead["summary"].values())
+    cost = json.loads((tmp_path / "cost.json").read_text())
+    for run in cost["runs"].values():  # the floor reads every prompt token once and decodes only what was kept
+        s = run["summary"]
+        assert s["prefilled"] >= 0.9 * s["floor_prompt_tokens"] and s["decoded"] >= 0.9 * s["kept_tokens"], s
     table = subprocess.run([sys.executable, str(BENCH / "report.py"), "--dir", str(tmp_path)],
                            cwd=ROOT, capture_output=True, text=True, check=True,
                            timeout=hang_limit(10)).stdout

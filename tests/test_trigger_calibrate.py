@@ -198,3 +198,73 @@ def test_margin_on_the_committed_margin_labels():
     assert not result.skipped and result.meta["questions"] == {"dev": 33, "test": 33}
     assert margin.at_default["dev"].threshold == 0.1 and margin.chosen is not None
     assert all(0.0 <= p.retrieval_rate <= 1.0 for p in margin.grid["dev"])
+
+
+# -- running at a calibrated threshold: `decider.calibration` / `--calibration FILE` ----------
+
+CALIBRATION = ROOT / "docs" / "results" / "calibration"
+QWEN_2WIKI = CALIBRATION / "2wikimultihopqa-qwen2.5-coder-0.5b.json"
+QWEN = "qwen2.5-coder-0.5b-instruct"
+
+
+def _section(name: str, path: Path = QWEN_2WIKI, **extra):
+    from rigkit.config import DeciderConfig
+
+    return DeciderConfig(name=name, calibration=str(path), **extra)
+
+
+def test_a_calibration_file_sets_each_deciders_chosen_threshold():
+    from rigkit.deciders.calibration import calibrated_section
+
+    chosen = {name: d["chosen_threshold"] for name, d in json.loads(QWEN_2WIKI.read_text())["deciders"].items()}
+    prob = calibrated_section(_section("prob", threshold=0.9), QWEN)
+    assert prob.threshold == chosen["prob"] != 0.9  # the file wins over the section's threshold
+    entropy = calibrated_section(_section("entropy"), QWEN)
+    assert entropy.threshold == chosen["entropy"] and entropy.params == {"use_attention": False}  # as replayed
+    margin = calibrated_section(_section("margin"), QWEN)
+    assert margin.threshold == chosen["margin"]
+    classifier = _section("classifier", trigger_model="runs/x.skops")  # not in the file: untouched
+    assert calibrated_section(classifier, QWEN) == classifier
+    assert calibrated_section(_section("prob", path=""), QWEN).threshold is None  # no file, no change
+
+
+def test_a_calibration_for_another_model_or_with_no_choice_is_refused(tmp_path):
+    from rigkit.deciders.calibration import calibrated_section
+
+    with pytest.raises(InputError, match="chosen on qwen2.5-coder-0.5b-instruct's scores; this run's model is smollm2"):
+        calibrated_section(_section("prob"), "smollm2-135m-instruct")
+    musique = CALIBRATION / "musique-qwen2.5-coder-0.5b.json"  # dev held no closed-book-right question
+    with pytest.raises(InputError, match="chose no threshold for decider 'prob': dev has no"):
+        calibrated_section(_section("prob", path=musique), QWEN)
+    with pytest.raises(InputError, match="calibration file not found"):
+        calibrated_section(_section("prob", path=tmp_path / "none.json"), QWEN)
+    (tmp_path / "labels.json").write_text('{"rows": []}')
+    with pytest.raises(InputError, match="is not a calibration file"):
+        calibrated_section(_section("prob", path=tmp_path / "labels.json"), QWEN)
+    (tmp_path / "cut.json").write_text('{"deciders": {')
+    with pytest.raises(InputError, match="is not readable JSON"):
+        calibrated_section(_section("prob", path=tmp_path / "cut.json"), QWEN)
+
+
+def test_a_run_and_each_eval_system_read_the_calibration():
+    from rigkit.build import build_controller
+    from rigkit.testing import DictRetriever
+    from tests.tiny_model import tiny_generator
+
+    path = CALIBRATION / "2wikimultihopqa-smollm2-135m.json"  # made on the default model's scores
+    chosen = {name: d["chosen_threshold"] for name, d in json.loads(path.read_text())["deciders"].items()}
+    config = load_config(decider={"name": "prob", "calibration": str(path)})
+    generator = tiny_generator(seed=1)
+    controller = build_controller(config, generator, DictRetriever({}))
+    assert controller.decider.threshold == chosen["prob"]
+    entropy = config.with_decider("entropy")  # an eval's rig:entropy beside rig:prob: same file
+    assert entropy.decider.calibration == str(path)
+    built = build_controller(entropy, generator, DictRetriever({}))
+    assert built.decider.threshold == chosen["entropy"] and built.decider.use_attention is False
+
+
+def test_calibrate_names_the_file_to_run_with(tmp_path, capsys):
+    out = tmp_path / "calibration.json"
+    assert main(["trigger", "calibrate", "--labels", str(TWOWIKI), "--bootstrap", "0", "--out", str(out)]) == 0
+    assert f"--calibration {out}" in capsys.readouterr().out
+    assert json.loads(out.read_text())["generator"]

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ask", help="answer a question with retrieval-interleaved generation")
     p.add_argument("question")
     add_source_flags(p, "a saved index folder (rigkit index build)")
-    add_flags(p, "--decider", "--threshold", "--query-mode", "--marker-protocol", "--trigger-model",
+    add_flags(p, "--decider", "--threshold", "--calibration", "--query-mode", "--marker-protocol", "--trigger-model",
               "--max-rounds", "--policy", "--layout", "--no-cache", "--grounded", "--rerank", "--filter")
     add_generator_flags(p)
     add_config_options(p)

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", metavar="FILE", help="write the comparison as one self-contained HTML page")
     p.add_argument("--lecture", action="store_true", help="large type for a projector")
     add_source_flags(p, "a saved index folder (rigkit index build)")
-    add_flags(p, "--query-mode", "--max-rounds", "--layout", "--no-cache")
+    add_flags(p, "--calibration", "--query-mode", "--max-rounds", "--layout", "--no-cache")
     add_generator_flags(p)
     add_config_options(p)
     p.set_defaults(func=run)

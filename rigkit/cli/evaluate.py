@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="stored split of the data set to evaluate (default: %(default)s)")
     ev.add_argument("--out", required=True, help="run folder: results.jsonl, meta.json, report")
     add_flags(ev, "--rerank")
+    add_flags(ev, "--calibration")
     ev.add_argument("--no-faithfulness", action="store_true",
                     help="skip the embedding-based faithfulness check")
     ev.add_argument("--no-traces", action="store_true", help="do not keep full traces")

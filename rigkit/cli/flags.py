@@ -100,6 +100,9 @@ _FLAGS = [
     Flag("--decider", "decider.name", "marker|prob|entropy|keyword|classifier|composite|always|every_n|never "
          "(another decider starts the decider section from its defaults)"),
     Flag("--threshold", "decider.threshold", "the decider's threshold (null: its own default)", type=float),
+    Flag("--calibration", "decider.calibration", "a `rigkit trigger calibrate --out` file: each decider it "
+         "calibrated runs at the threshold chosen there on dev for this model (wins over --threshold)",
+         metavar="FILE"),
     Flag("--trigger-model", "decider.trigger_model", "a trained trigger classifier file (.skops)"),
     Flag("--query-mode", "query.mode", "auto|marker|masked|rewrite|keywords|attention|multi "
          "(multi: up to query.max_subqueries searches, merged by RRF)"),

@@ -254,6 +254,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write_text(args.out, json.dumps(data, indent=1) + "\n")
     print(json.dumps(data) if args.json else result.table())
+    if args.out and not args.json and any(d.get("chosen_threshold") is not None for d in data["deciders"].values()):
+        print(f"or every calibrated decider at once: --calibration {args.out}")
     return 0
 
 

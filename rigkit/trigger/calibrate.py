@@ -21,6 +21,7 @@ built after build-labels stored them carry.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rigkit.deciders.base import DecisionState
+from rigkit.deciders.calibration import REPLAY_PARAMS
 from rigkit.errors import InputError
 from rigkit.trigger.evaluate import BOOTSTRAP_RESAMPLES, bootstrap_intervals, ranking_aucs
 from rigkit.trigger.labelset import LabelledSegment, LabelSet
@@ -177,8 +179,8 @@ class Calibration:
 def use_flags(name: str, threshold: float) -> str:
     """The settings that run decider `name` at `threshold` (`rigkit ask`, `rigkit eval` rig:NAME)."""
     flags = f"--set decider.name={name} --set decider.threshold={threshold:g}"
-    if name == "entropy":  # calibrated on entropy alone: the labels hold no attention
-        flags += " --set decider.params.use_attention=false"
+    for key, value in REPLAY_PARAMS.get(name, {}).items():  # what the replay ran it under
+        flags += f" --set decider.params.{key}={json.dumps(value)}"
     return flags
 
 
@@ -293,9 +295,8 @@ def _build(name: str, threshold: float | None):
     from rigkit.build import build_decider
     from rigkit.config import RunConfig
 
-    params = {"use_attention": False} if name == "entropy" else {}
     section = RunConfig().with_decider(name).decider
-    return build_decider(dataclasses.replace(section, threshold=threshold, params=params))
+    return build_decider(dataclasses.replace(section, threshold=threshold, params=dict(REPLAY_PARAMS.get(name, {}))))
 
 
 def _replay(decider, q: Question) -> tuple[bool, float]:
