@@ -67,7 +67,7 @@ $(LAB): $(STAMP)
 
 # The benchmark suite (docs/performance.md): every script in full mode, then the table.
 # retrieval.py comes first: it saves the 50k-chunk index that startup.py loads.
-BENCH := retrieval cache overhead latency stages startup compression embedding
+BENCH := retrieval cache overhead cost latency stages startup compression embedding
 
 # The server load tests (in-process, then 1 vs 4 clients against vLLM on this CPU) and the eval
 # throughput (in-process vs vLLM) start vLLM from the tests' venv; the DRAGIN attention pass and
@@ -82,7 +82,7 @@ bench: setup-dev
 	$(BIN)/python bench/gpu_check.py smollm2-135m-instruct
 	$(BIN)/python bench/report.py
 
-# Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's seven.
+# Every script in --quick mode (a minute or two each); tests/test_bench.py runs the suite's eight.
 bench-quick: setup-dev
 	$(BIN)/python -m tests.vllm_setup --install
 	for script in $(BENCH); do $(BIN)/python bench/$$script.py --quick || exit 1; done

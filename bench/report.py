@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("cache", "overhead", "latency", "stages", "retrieval", "startup", "compression", "serve", "serve_vllm",
+PARTS = ("cache", "overhead", "cost", "latency", "stages", "retrieval", "startup", "compression", "serve", "serve_vllm",
          "eval_throughput")
 
 
@@ -102,6 +102,22 @@ def overhead_rows(r: dict) -> list[tuple[str, str, str, str]]:
     rows.append(("per-round stage cost", "ms per round, stages that are not the model or the retriever",
                  f"{stage_txt}; stop rule {st['per_token_us']:.0f} us per token "
                  f"({100 * st['share_of_forward']:.2f}% of a forward pass)", ""))
+    return rows
+
+
+def cost_rows(r: dict) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for key, run in r["runs"].items():
+        s = run["summary"]
+        shares = ", ".join(f"{k.replace('_', '-')} {100 * v:.0f}%" for k, v in s["over_floor_share"].items())
+        rows.append((f"RIG over its floor, {key}",
+                     f"`rig:prob` per answer ({s['questions']} q, {s['retrievals']} retrievals) vs each prompt "
+                     "token pre-filled once + the kept tokens decoded + the retrieval",
+                     f"{x(s['rig_vs_floor'])} ({s['rig_s']:.1f} vs {s['floor_s']:.1f} s); over the floor: {shares}; "
+                     f"pre-filled {x(s['prefilled_vs_floor'])} the floor's tokens, decoded "
+                     f"{x(s['decoded_vs_kept'])} the kept; retrieval {100 * s['retrieval_share_of_floor']:.0f}% "
+                     "of the floor",
+                     f"<= {r['goal']}x: {goal(s['goal_met'])}"))
     return rows
 
 
@@ -222,7 +238,7 @@ def eval_throughput_rows(r: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-ROWS = {"cache": cache_rows, "overhead": overhead_rows, "latency": latency_rows,
+ROWS = {"cache": cache_rows, "overhead": overhead_rows, "cost": cost_rows, "latency": latency_rows,
         "stages": stages_rows, "retrieval": retrieval_rows, "startup": startup_rows,
         "compression": compression_rows, "serve": serve_rows, "serve_vllm": serve_rows,
         "eval_throughput": eval_throughput_rows}
