@@ -19,9 +19,11 @@ than one token are pre-fill, one-token passes are decoding. Over the floor:
                  what overlapping could save at most (shown as its share of the floor)
 
 Runs `rig:prob` (configs/cpu.yaml, the in-process default model) on the stored test split of both
-shipped multi-hop sets, in both layouts (`append`, the default, and `prefix`, the FLARE way):
+shipped multi-hop sets, three ways: `append` (the default), `prefix` (passages rebuilt before the
+question, the FLARE way) and `pause` (append, the segment ending at the first flagged word,
+`controller.pause_at_flag`: DRAGIN's way of not writing the rest of a sentence that is rewritten):
 
-    python bench/cost.py [--quick] [--questions N] [--layouts append,prefix]
+    python bench/cost.py [--quick] [--questions N] [--ways append,prefix,pause]
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ from rigkit.build import build_context, build_controller, build_generator, build
 from rigkit.config import load_config
 
 GOAL = 1.3  # RIG's time per answer over the floor
+WAYS = {  # name -> config sections over configs/cpu.yaml
+    "append": {},
+    "prefix": {"context": {"layout": "prefix"}},
+    "pause": {"controller": {"pause_at_flag": True}},
+}
 
 
 class WidthMeter(ForwardMeter):
@@ -153,33 +160,36 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv=None) -> int:
     p = parser(__doc__)
-    p.add_argument("--questions", type=int, default=None, help="per set (default 10; quick: 2 demo questions)")
-    p.add_argument("--layouts", default="append,prefix")
+    p.add_argument("--questions", type=int, default=None, help="per set (default 10; quick: 1 demo question)")
+    p.add_argument("--ways", default=",".join(WAYS), help="of: " + ", ".join(WAYS))
     args = p.parse_args(argv)
     setup(args)
     started = time.perf_counter()
     generator = build_generator()
-    layouts = args.layouts.split(",")
+    ways = args.ways.split(",")
+    unknown = [w for w in ways if w not in WAYS]
+    if unknown:
+        p.error(f"unknown way(s) {', '.join(unknown)}; known: {', '.join(WAYS)}")
     if args.quick:
-        sets = {"demo": (build_retriever(load_config(CPU_CONFIG).retrieval), demo_questions(2), {})}
+        sets = {"demo": (build_retriever(load_config(CPU_CONFIG).retrieval), demo_questions(1), {})}
     else:
         n = args.questions or 10
         sets = {name: (set_retriever(name, load_config(CPU_CONFIG)), [q.question for q in test_questions(name, n)],
                        {"retrieval": {"corpus": f"data/{name}/corpus.jsonl"}}) for name in SETS}
     runs: dict[str, dict[str, Any]] = {}
     for name, (retriever, questions, overrides) in sets.items():
-        for layout in layouts:
-            config = load_config(CPU_CONFIG, context={"layout": layout}, **overrides)
-            one_question(generator, retriever, config, questions[0])  # warm-up: model, index, embedder
+        one_question(generator, retriever, load_config(CPU_CONFIG, **overrides), questions[0])  # warm-up: model, index, embedder
+        for way in ways:
+            config = load_config(CPU_CONFIG, **WAYS[way], **overrides)
             rows = []
             for i, question in enumerate(questions):
                 row = one_question(generator, retriever, config, question)
                 rows.append(row)
-                print(f"{name:16s} {layout:7s} q{i:<2d} RIG {row['rig_s']:6.2f}s  floor {row['floor_s']:6.2f}s  "
+                print(f"{name:16s} {way:7s} q{i:<2d} RIG {row['rig_s']:6.2f}s  floor {row['floor_s']:6.2f}s  "
                       f"{fmt_ratio(row['rig_vs_floor'])}  ({row['retrievals']} retrievals, {row['prefilled']} "
                       f"pre-filled vs {row['floor_prompt_tokens']}, {row['decoded']} decoded vs "
                       f"{row['kept_tokens']} kept)", flush=True)
-            runs[f"{name}/{layout}"] = {"summary": summarise(rows), "rows": rows}
+            runs[f"{name}/{way}"] = {"summary": summarise(rows), "rows": rows}
     print(f"\nrig:prob (configs/cpu.yaml) over the floor, per answer (goal <= {GOAL}x):")
     for key, run in runs.items():
         s = run["summary"]
@@ -189,7 +199,7 @@ def main(argv=None) -> int:
               f"pre-filled {fmt_ratio(s['prefilled_vs_floor'])} the floor's tokens, decoded "
               f"{fmt_ratio(s['decoded_vs_kept'])} the kept; retrieval {100 * s['retrieval_share_of_floor']:.0f}% "
               f"of the floor")
-    save(args, "cost", {"goal": GOAL, "runs": runs, "layouts": layouts}, started)
+    save(args, "cost", {"goal": GOAL, "runs": runs, "ways": {w: WAYS[w] for w in ways}}, started)
     return 0
 
 
