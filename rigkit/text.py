@@ -258,8 +258,11 @@ def first_sentence(text: str, capital_ends: bool = True) -> str:
 
 # -- citation tags ------------------------------------------------------------------------------
 # Lenient on spacing and case, so a model's or a passage's variant is still recognised.
-CITATION = re.compile(r"\[\[\s*citation\s*:\s*([^\]]*?)\s*\]\]", re.IGNORECASE)
+# An id holds no bracket, so a tag never runs across another tag's opener.
+CITATION = re.compile(r"\[\[\s*citation\s*:\s*([^\[\]]*?)\s*\]\]", re.IGNORECASE)
 _CITATION_WITH_SPACE = re.compile(r"[ \t]*" + CITATION.pattern, re.IGNORECASE)
+# A tag the model began and never closed ("... from [[citation:2wiki-8d5e"): no citation, only noise.
+_BROKEN_CITATION = re.compile(r"[ \t]*\[\[\s*citation\s*:[^\[\]\s]*\]?", re.IGNORECASE)
 _CITATION_OPENER = re.compile(r"\[\[(?=\s*citation\b)", re.IGNORECASE)
 
 
@@ -274,8 +277,8 @@ def find_citations(text: str) -> list[str]:
 
 
 def strip_citations(text: str) -> str:
-    """`text` without `[[citation:ID]]` tags (and the spaces before them)."""
-    return _CITATION_WITH_SPACE.sub("", text).strip()
+    """`text` without `[[citation:ID]]` tags, nor tags left unclosed (and the spaces before them)."""
+    return _BROKEN_CITATION.sub("", _CITATION_WITH_SPACE.sub("", text)).strip()
 
 
 def neutralize_citations(text: str) -> str:

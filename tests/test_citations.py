@@ -145,3 +145,30 @@ def test_a_sentence_cites_the_newest_passage_that_supports_it():
     assert attribute(answer, [notice, licence])[1].cited == licence.chunk_id or True
     flipped = attribute(answer, [notice, licence], [(0, [licence.chunk_id]), (sentence_two, [notice.chunk_id])])
     assert flipped[1].cited == notice.chunk_id
+
+
+def test_a_tag_the_model_left_unclosed_is_dropped_and_cannot_swallow_a_real_one():
+    # the 1.5B copied a citation's start into its answer and stopped there (2Wiki test question
+    # "Which album was released first, Don'T Freak Me Out or Love & War (Barlowgirl Album)?")
+    from rigkit.eval.metrics import FaithfulnessScorer, sentence_support
+    from rigkit.text import find_citations, strip_citations
+
+    hits = [Hit("bg#0", "bg", "Love & War (BarlowGirl album)",
+                "Love & War is the fifth and final studio album from BarlowGirl.", 1.0)]
+    written = "Love & War is the fifth and final studio album from BarlowGirl [[citation:2wiki-8d5e5db533c"
+    text, cited, attributions = cite(written, hits)
+    assert text == "Love & War is the fifth and final studio album from BarlowGirl [[citation:bg#0]]"
+    assert cited == find_citations(text) == ["bg#0"]
+    assert [a.text for a in attributions] == split_sentences(text)
+    assert strip_citations("a [[citation:x]] b [[citation:y] c") == "a b c"  # one bracket short: noise too
+
+    class Scorer(FaithfulnessScorer):
+        def __init__(self):
+            self.threshold = 0.5
+
+        def __call__(self, answer, passages, visible=None):
+            return {"answer_sentences": len(split_sentences(answer))}
+
+    result = RIGResult(question="q", answer=text, rounds=[], used_retrieval_times=0, citations=cited,
+                       passages=hits, attributions=attributions)
+    assert sentence_support(result, Scorer()) == {"answer_sentences": 1}
