@@ -214,7 +214,10 @@ class ForwardMeter:
 
     def __init__(self, model: Any):
         self.model, self.calls, self.seconds, self.tokens = model, 0, 0.0, 0
-        self._start = 0.0
+        # the same passes split by width: pre-fill (more than one token at once) or decoding
+        self.prefill_s = self.decode_s = 0.0
+        self.prefill_tokens = self.decode_tokens = 0
+        self._start, self._width = 0.0, 0
         self._handles: list[Any] = []
 
     def __enter__(self) -> ForwardMeter:
@@ -230,13 +233,18 @@ class ForwardMeter:
 
     def _before(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            self.tokens += int(ids.shape[-1])
+        self._width = int(ids.shape[-1]) if ids is not None else 0
+        self.tokens += self._width
         self._start = time.perf_counter()
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
-        self.seconds += time.perf_counter() - self._start
+        seconds = time.perf_counter() - self._start
+        self.seconds += seconds
         self.calls += 1
+        if self._width > 1:
+            self.prefill_s, self.prefill_tokens = self.prefill_s + seconds, self.prefill_tokens + self._width
+        else:
+            self.decode_s, self.decode_tokens = self.decode_s + seconds, self.decode_tokens + self._width
 
     def snapshot(self) -> tuple[int, float, int]:
         return self.calls, self.seconds, self.tokens

@@ -6,7 +6,7 @@ forward pass), the kept answer tokens decoded one at a time through the KV cache
 retrieval the run did. It is measured, not modelled: after each RIG answer, the same model runs
 that prompt in one pass and then is fed the kept tokens one by one.
 
-RIG's own forward passes are timed with torch hooks and split by their width: passes over more
+RIG's own forward passes are timed with torch hooks (`ForwardMeter`) and split by their width: passes over more
 than one token are pre-fill, one-token passes are decoding. Over the floor:
 
     re-prefill   RIG's pre-fill seconds - the floor's (prompts read again after a retrieval,
@@ -56,32 +56,9 @@ WAYS = {  # name -> config sections over configs/cpu.yaml
 }
 
 
-class WidthMeter(ForwardMeter):
-    """A `ForwardMeter` that also splits the passes by width: pre-fill (> 1 token) or decoding."""
-
-    def __enter__(self) -> WidthMeter:
-        self.prefill_s = self.decode_s = 0.0
-        self.prefill_tokens = self.decode_tokens = 0
-        self._width = 0
-        return super().__enter__()
-
-    def _before(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        self._width = int(ids.shape[-1]) if ids is not None else 0
-        super()._before(module, args, kwargs)
-
-    def _after(self, module: Any, args: Any, output: Any) -> None:
-        super()._after(module, args, output)
-        seconds = time.perf_counter() - self._start
-        if self._width > 1:
-            self.prefill_s, self.prefill_tokens = self.prefill_s + seconds, self.prefill_tokens + self._width
-        else:
-            self.decode_s, self.decode_tokens = self.decode_s + seconds, self.decode_tokens + self._width
-
-
 def rig_answer(generator, controller, question: str) -> dict[str, Any]:
     """One RIG answer, its wall time split by forward-pass width, and what the floor must read."""
-    with WidthMeter(generator.model) as meter:
+    with ForwardMeter(generator.model) as meter:
         start = time.perf_counter()
         result = controller.run(question)
         wall = time.perf_counter() - start

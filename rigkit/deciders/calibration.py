@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ __all__ = ["REPLAY_PARAMS", "calibrated_section"]
 REPLAY_PARAMS: dict[str, dict[str, Any]] = {"entropy": {"use_attention": False}}
 
 
-@lru_cache(maxsize=16)
 def _read(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -46,7 +44,7 @@ def calibrated_section(section: DeciderConfig, model: str) -> DeciderConfig:
     if not section.calibration:
         return section
     path = section.calibration
-    data = _read(str(path))
+    data = _read(str(path))  # read at each build: a file calibrated again in a notebook is the one used
     entry = data["deciders"].get(section.name)
     if entry is None:
         return section
