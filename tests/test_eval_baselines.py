@@ -226,3 +226,47 @@ def test_report_split_cuts_a_run_over_every_question_to_the_stored_split(tmp_pat
     assert {r["id"] for r in rows} == {"c", "d"} and meta["split_version"] == 2
     with pytest.raises(InputError, match="ran on the test split"):
         load_compared(tested, [str(everything)], split="dev")
+
+
+def test_every_report_shows_the_floor_answered_on_the_runs_own_questions(tmp_path):
+    from rigkit.eval.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    questions = (("c", "Which came first, Alpha or Beta?", "Alpha"), ("y", "Is A older than B?", "no"),
+                 ("o", "Who directed A?", "Ann"))
+    (run / RESULTS_FILE).write_text("".join(json.dumps(_row(q, "rag", text, gold, 0.0)) + "\n"
+                                            for q, text, gold in questions))
+    (run / "meta.json").write_text(json.dumps({"qa": "data/x/qa.jsonl", "split": "test", "config": {}}))
+    write_report(run, baseline="question_only")
+    report = (run / "report.md").read_text()
+    lines = report.splitlines()
+    # the run's own count stays 1 system, 3 answers; the floor is said to be the report's
+    assert ", 3 questions, 1 systems, 1 run(s), 3 answers." in lines[2]
+    assert "`question_only` and `echo` were answered by this report" in report
+    headline = report.split("## Quality beside cost")[1].split("##")[0]
+    floor = next(line for line in headline.splitlines() if line.startswith("| question_only"))
+    # "Alpha" named first is right, "yes" for a "no" question is wrong: EM 1 of 3; nothing open right
+    assert floor.split(" | ")[3:6] == ["0.333", "0.333", "0.000"]  # EM, F1; EM open
+    assert "| echo" in headline
+    # the floor is paired with the others like any system
+    paired = report.split("## Paired against question_only")[1].split("##")[0]
+    assert "| rag | EM (short answer) | 3 | -0.333 |" in paired and "| echo | EM (short answer) | 3 |" in paired
+    # a run that holds the floor already (or compares it in) is not given a second one
+    (run / RESULTS_FILE).write_text((run / RESULTS_FILE).read_text() + "".join(
+        json.dumps(_row(q, "question_only", text, gold, 1.0 if q == "c" else 0.0)) + "\n"
+        for q, text, gold in questions))
+    write_report(run)
+    again = (run / "report.md").read_text()
+    assert "answered by this report" not in again and "| echo" not in again
+
+
+def test_a_run_from_before_the_short_answer_line_is_scored_open_on_its_extracted_answer():
+    old = {"id": "o", "system": "rag", "run": 0, "question": "Who directed A?", "gold": ["Ann"], "error": None,
+           "em": 0.0, "f1": 0.2, "em_extracted": 1.0, "f1_extracted": 1.0, "cover_em": 1.0}
+    new = {**old, "id": "n", "em_short": 0.0, "f1_short": 0.5}
+    closed = {**old, "id": "c", "question": "Is A older than B?", "gold": ["yes"]}
+    scored = {r["id"]: r for r in with_open_scores([old, new, closed])}
+    assert (scored["o"]["em_open"], scored["o"]["f1_open"], scored["o"]["open_from"]) == (1.0, 1.0, "extracted")
+    assert (scored["n"]["em_open"], scored["n"]["f1_open"]) == (0.0, 0.5) and "open_from" not in scored["n"]
+    assert scored["c"]["em_open"] is None

@@ -44,6 +44,7 @@ __all__ = [
     "typed_match",
     "with_open_scores",
     "OPEN_SCORES",
+    "OPEN_SCORES_BEFORE_SHORT",
 ]
 
 _YES_NO = ("yes", "no", "noanswer")
@@ -174,17 +175,24 @@ def answer_kind(question: str, golds: Sequence[str]) -> str:
 
 
 OPEN_SCORES = {"em_open": "em_short", "f1_open": "f1_short"}  # score on open questions -> its source
+# a run from before the short-answer line scored the answer its extraction rules cut from the reply
+OPEN_SCORES_BEFORE_SHORT = {"em_open": "em_extracted", "f1_open": "f1_extracted"}
 
 
 def with_open_scores(rows: Sequence[dict]) -> list[dict]:
     """The rows, each with `em_open` / `f1_open`: its short-answer EM / F1 on an open question
     (`answer_kind` "open": neither yes/no nor one of two options the question names), None on
-    the others. Two-option questions give EM near a coin's .5 whatever the system; these do not."""
+    the others. Two-option questions give EM near a coin's .5 whatever the system; these do not.
+    A row with no short answer (a run from before the short-answer line) is scored on its extracted
+    answer instead, and says so in `open_from`."""
     out = []
     for row in rows:
         if "em_open" not in row and not row.get("error"):
             is_open = answer_kind(row.get("question", ""), row.get("gold") or []) == "open"
-            row = {**row, **{key: (row.get(source) if is_open else None) for key, source in OPEN_SCORES.items()}}
+            before_short = row.get("em_short") is None and row.get("em_extracted") is not None
+            sources = OPEN_SCORES_BEFORE_SHORT if before_short else OPEN_SCORES
+            row = {**row, **{key: (row.get(source) if is_open else None) for key, source in sources.items()},
+                   **({"open_from": "extracted"} if before_short else {})}
         out.append(row)
     return out
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import InputError
+from rigkit.eval.floor import floor_rows
 from rigkit.files import atomic_write_text
 
 __all__ = ["LADDER_FILE", "Rung", "parse_rung", "run_ladder", "ladder_rows", "ladder_table",
@@ -147,30 +148,6 @@ class LadderRow:
 
 
 NO_MODEL = "(no model)"  # the rung of the model-free floor rows
-
-
-def floor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`question_only` and `echo` answered and scored (as `rigkit eval` would: no model) on the
-    questions of `rows` (result lines: id, question, gold, type), one line per question each."""
-    from rigkit.config import RunConfig
-    from rigkit.eval.metrics import QAItem
-    from rigkit.eval.runner import answer_row
-    from rigkit.eval.systems import build_system, parse_system
-
-    questions = {}
-    for row in rows:
-        if row.get("question") and row.get("gold"):
-            questions.setdefault(str(row["id"]), row)
-    config = RunConfig()
-    out = []
-    for name in ("question_only", "echo"):
-        system = build_system(parse_system(name), config, None, None)
-        for qid, row in questions.items():
-            gold = list(row["gold"])
-            item = QAItem(qid, row["question"], gold[0], tuple(gold[1:]), type=row.get("type") or "",
-                          dataset=row.get("dataset") or "")
-            out.append(answer_row(system, item, 0, 0, None)[0])
-    return out
 
 
 def ladder_rows(folder: str | Path, baseline: str = "rag", data: dict[str, Any] | None = None) -> list[LadderRow]:

@@ -28,6 +28,7 @@ from rigkit.eval.aggregate import (
 from rigkit.eval.answers import answer_kind, with_open_scores
 from rigkit.eval.by_source import source_tables
 from rigkit.eval.decisions import with_type_aware
+from rigkit.eval.floor import with_floor
 from rigkit.eval.loss import COVER_EM_CAUTION, loss_tables
 from rigkit.eval.paired import (
     FEW_DISCORDANT,
@@ -217,7 +218,11 @@ def report_tables(rows: list[dict[str, Any]], baseline: str = DEFAULT_BASELINE,
 
 def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     cfg = meta.get("config", {})
+    added = [r for r in rows if r.get("answered_by") == "report"]  # the floor `with_floor` added
+    rows = [r for r in rows if r.get("answered_by") != "report"]
     # the answers' own record first: a served model's source is known only once it has answered
+    extracted = list(dict.fromkeys(r["system"] for r in rows if not r.get("error") and r.get("em_short") is None
+                                   and r.get("em_extracted") is not None))
     model = next((r["model"] for r in rows if r.get("model")), None) or meta.get("model") or {}
     questions = len({r["id"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -239,6 +244,10 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "nor one of two options the question names, where EM is near a coin's .5 for any system). "
         "A system beats another only if it also beats `question_only` (no model: the first option "
         "named, or yes).",
+        *([f"EM / F1 open of {', '.join(f'`{s}`' for s in extracted)}: on the answer the extraction rules of "
+           "their date cut from the reply (these runs came before the short-answer line)."] if extracted else []),
+        *(["`question_only` and `echo` were answered by this report (no model; deterministic) on the "
+           f"same {len({r['id'] for r in added})} questions: the run itself did not include them."] if added else []),
         "Figures are means over questions; with several runs, ± is the standard deviation of the "
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
         "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
@@ -351,6 +360,7 @@ def write_report(run_dir: str | Path, baseline: str = DEFAULT_BASELINE, compare:
     systems of the `compare` folders join as `system [label]` (`load_compared`). `split`: only
     that stored split's questions, from every folder (a run over every question is cut to them)."""
     meta, rows = load_compared(run_dir, compare, split)
+    rows = with_floor(rows)  # every report shows the no-model floor, answered here when the run lacks it
     folder = Path(out) if out is not None else Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     if not rows:
