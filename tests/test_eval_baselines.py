@@ -252,13 +252,20 @@ def test_every_report_shows_the_floor_answered_on_the_runs_own_questions(tmp_pat
     # the floor is paired with the others like any system
     paired = report.split("## Paired against question_only")[1].split("##")[0]
     assert "| rag | EM (short answer) | 3 | -0.333 |" in paired and "| echo | EM (short answer) | 3 |" in paired
-    # a run that holds the floor already (or compares it in) is not given a second one
+    # a run that holds part of the floor already is given only the part it lacks, once
     (run / RESULTS_FILE).write_text((run / RESULTS_FILE).read_text() + "".join(
         json.dumps(_row(q, "question_only", text, gold, 1.0 if q == "c" else 0.0)) + "\n"
         for q, text, gold in questions))
     write_report(run)
     again = (run / "report.md").read_text()
-    assert "answered by this report" not in again and "| echo" not in again
+    assert "`echo` was answered by this report" in again and "`question_only` and" not in again
+    headline = again.split("## Quality beside cost")[1].split("##")[0]
+    assert sum(line.startswith("| question_only") for line in headline.splitlines()) == 1
+    # and a run that holds all of it, nothing
+    (run / RESULTS_FILE).write_text((run / RESULTS_FILE).read_text() + "".join(
+        json.dumps(_row(q, "echo", text, gold, 0.0)) + "\n" for q, text, gold in questions))
+    write_report(run)
+    assert "answered by this report" not in (run / "report.md").read_text()
 
 
 def test_a_run_from_before_the_short_answer_line_is_scored_open_on_its_extracted_answer():

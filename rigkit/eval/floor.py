@@ -15,16 +15,16 @@ from rigkit.eval.systems import build_system, parse_system
 __all__ = ["floor_rows", "with_floor"]
 
 
-def floor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`question_only` and `echo` answered and scored (as `rigkit eval` would: no model) on the
-    questions of `rows` (result lines: id, question, gold, type), one line per question each."""
+def floor_rows(rows: Sequence[dict[str, Any]], systems: Sequence[str] = BASELINES) -> list[dict[str, Any]]:
+    """The no-model `systems` answered and scored (as `rigkit eval` would) on the questions of
+    `rows` (result lines: id, question, gold, type), one line per question each."""
     questions = {}
     for row in rows:
         if row.get("question") and row.get("gold"):
             questions.setdefault(str(row["id"]), row)
     config = RunConfig()
     out = []
-    for name in BASELINES:
+    for name in systems:
         system = build_system(parse_system(name), config, None, None)
         for qid, row in questions.items():
             gold = list(row["gold"])
@@ -35,8 +35,10 @@ def floor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def with_floor(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`rows` with `question_only` and `echo` on the same questions after them, unless a model-free
-    system is there already (also as a compared `question_only [label]`)."""
-    if any(str(r.get("system", "")).split(" [")[0] in BASELINES for r in rows):
+    """`rows` with whichever of `question_only` and `echo` they lack (also as a compared
+    `question_only [label]`) answered on the same questions, after them."""
+    present = {str(r.get("system", "")).split(" [")[0] for r in rows}
+    missing = [name for name in BASELINES if name not in present]
+    if not missing:
         return list(rows)
-    return [*rows, *({**row, "answered_by": "report"} for row in floor_rows(rows))]
+    return [*rows, *({**row, "answered_by": "report"} for row in floor_rows(rows, missing))]

@@ -246,8 +246,10 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "named, or yes).",
         *([f"EM / F1 open of {', '.join(f'`{s}`' for s in extracted)}: on the answer the extraction rules of "
            "their date cut from the reply (these runs came before the short-answer line)."] if extracted else []),
-        *(["`question_only` and `echo` were answered by this report (no model; deterministic) on the "
-           f"same {len({r['id'] for r in added})} questions: the run itself did not include them."] if added else []),
+        *([f"{' and '.join(f'`{s}`' for s in dict.fromkeys(r['system'] for r in added))} "
+           f"{'were' if len({r['system'] for r in added}) > 1 else 'was'} answered by this report (no model; "
+           f"deterministic) on the same {len({r['id'] for r in added})} questions: the run itself did not "
+           "include them."] if added else []),
         "Figures are means over questions; with several runs, ± is the standard deviation of the "
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
         "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
