@@ -83,6 +83,11 @@ def test_ladder_runs_each_rung_into_its_folder_and_tables_them(tmp_path, capsys)
     header, body = ladder_table(rows)
     assert body[0][header.index("Type-aware − rag [95%]")] == "-1.000 [-1.000, -1.000]"
     assert ladder_table(floor)[1][0][:4] == [NO_MODEL, "–", "question_only", "3"]
+    # a rung that ran part of the floor itself is given only the part it lacks
+    run_ladder(_qa(tmp_path), out, ["tiny-135m"], "question_only", generator=Replies(), retriever=retriever,
+               faithfulness=False, progress=False)
+    assert [(r.rung, r.system) for r in ladder_rows(out) if r.system in ("question_only", "echo")] == [
+        (NO_MODEL, "echo"), ("tiny-135m", "question_only")]
     # the report rebuilds from the folders alone
     (out / "ladder.md").unlink()
     assert main(["report", str(out)]) == 0

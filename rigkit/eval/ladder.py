@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import InputError
+from rigkit.eval.baselines import BASELINES
 from rigkit.eval.floor import floor_rows
 from rigkit.files import atomic_write_text
 
@@ -180,9 +181,10 @@ def ladder_rows(folder: str | Path, baseline: str = "rag", data: dict[str, Any] 
         _, rows = load_run(path)
         every += rows
         add(rung.label, rung.size, rows)
-    if every and not {"question_only", "echo"} & {r["system"] for r in every}:
+    missing = [name for name in BASELINES if name not in {r["system"] for r in every}]
+    if every and missing:
         rungs = len(out)
-        add(NO_MODEL, None, floor_rows(every))
+        add(NO_MODEL, None, floor_rows(every, missing))
         out = out[rungs:] + out[:rungs]  # the floor leads
     return out
 
