@@ -45,6 +45,7 @@ __all__ = [
     "with_open_scores",
     "OPEN_SCORES",
     "OPEN_SCORES_BEFORE_SHORT",
+    "before_short_answer",
 ]
 
 _YES_NO = ("yes", "no", "noanswer")
@@ -179,6 +180,11 @@ OPEN_SCORES = {"em_open": "em_short", "f1_open": "f1_short"}  # score on open qu
 OPEN_SCORES_BEFORE_SHORT = {"em_open": "em_extracted", "f1_open": "f1_extracted"}
 
 
+def before_short_answer(row: dict) -> bool:
+    """A scored result line from a run before the short-answer line: EM on its extracted answer only."""
+    return not row.get("error") and row.get("em_short") is None and row.get("em_extracted") is not None
+
+
 def with_open_scores(rows: Sequence[dict]) -> list[dict]:
     """The rows, each with `em_open` / `f1_open`: its short-answer EM / F1 on an open question
     (`answer_kind` "open": neither yes/no nor one of two options the question names), None on
@@ -189,7 +195,7 @@ def with_open_scores(rows: Sequence[dict]) -> list[dict]:
     for row in rows:
         if "em_open" not in row and not row.get("error"):
             is_open = answer_kind(row.get("question", ""), row.get("gold") or []) == "open"
-            before_short = row.get("em_short") is None and row.get("em_extracted") is not None
+            before_short = before_short_answer(row)
             sources = OPEN_SCORES_BEFORE_SHORT if before_short else OPEN_SCORES
             row = {**row, **{key: (row.get(source) if is_open else None) for key, source in sources.items()},
                    **({"open_from": "extracted"} if before_short else {})}

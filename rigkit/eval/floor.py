@@ -12,7 +12,7 @@ from rigkit.eval.metrics import QAItem
 from rigkit.eval.runner import answer_row
 from rigkit.eval.systems import build_system, parse_system
 
-__all__ = ["floor_rows", "with_floor"]
+__all__ = ["floor_rows", "missing_floor", "with_floor"]
 
 
 def floor_rows(rows: Sequence[dict[str, Any]], systems: Sequence[str] = BASELINES) -> list[dict[str, Any]]:
@@ -34,11 +34,16 @@ def floor_rows(rows: Sequence[dict[str, Any]], systems: Sequence[str] = BASELINE
     return out
 
 
-def with_floor(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`rows` with whichever of `question_only` and `echo` they lack (also as a compared
-    `question_only [label]`) answered on the same questions, after them."""
+def missing_floor(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The no-model systems `rows` lack (a compared `question_only [label]` counts as present)."""
     present = {str(r.get("system", "")).split(" [")[0] for r in rows}
-    missing = [name for name in BASELINES if name not in present]
+    return [name for name in BASELINES if name not in present]
+
+
+def with_floor(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with whichever of `question_only` and `echo` they lack answered on the same
+    questions, after them."""
+    missing = missing_floor(rows)
     if not missing:
         return list(rows)
     return [*rows, *({**row, "answered_by": "report"} for row in floor_rows(rows, missing))]

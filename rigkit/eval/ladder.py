@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rigkit.errors import InputError
-from rigkit.eval.baselines import BASELINES
-from rigkit.eval.floor import floor_rows
+from rigkit.eval.floor import floor_rows, missing_floor
 from rigkit.files import atomic_write_text
 
 __all__ = ["LADDER_FILE", "Rung", "parse_rung", "run_ladder", "ladder_rows", "ladder_table",
@@ -181,7 +180,7 @@ def ladder_rows(folder: str | Path, baseline: str = "rag", data: dict[str, Any] 
         _, rows = load_run(path)
         every += rows
         add(rung.label, rung.size, rows)
-    missing = [name for name in BASELINES if name not in {r["system"] for r in every}]
+    missing = missing_floor(every)
     if every and missing:
         rungs = len(out)
         add(NO_MODEL, None, floor_rows(every, missing))

@@ -25,7 +25,7 @@ from rigkit.eval.aggregate import (
     question_type,
     stage_names,
 )
-from rigkit.eval.answers import answer_kind, with_open_scores
+from rigkit.eval.answers import answer_kind, before_short_answer, with_open_scores
 from rigkit.eval.by_source import source_tables
 from rigkit.eval.decisions import with_type_aware
 from rigkit.eval.floor import with_floor
@@ -221,8 +221,8 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     added = [r for r in rows if r.get("answered_by") == "report"]  # the floor `with_floor` added
     rows = [r for r in rows if r.get("answered_by") != "report"]
     # the answers' own record first: a served model's source is known only once it has answered
-    extracted = list(dict.fromkeys(r["system"] for r in rows if not r.get("error") and r.get("em_short") is None
-                                   and r.get("em_extracted") is not None))
+    extracted = list(dict.fromkeys(r["system"] for r in rows if before_short_answer(r)))
+    floor = list(dict.fromkeys(r["system"] for r in added))
     model = next((r["model"] for r in rows if r.get("model")), None) or meta.get("model") or {}
     questions = len({r["id"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -246,10 +246,9 @@ def _describe(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         "named, or yes).",
         *([f"EM / F1 open of {', '.join(f'`{s}`' for s in extracted)}: on the answer the extraction rules of "
            "their date cut from the reply (these runs came before the short-answer line)."] if extracted else []),
-        *([f"{' and '.join(f'`{s}`' for s in dict.fromkeys(r['system'] for r in added))} "
-           f"{'were' if len({r['system'] for r in added}) > 1 else 'was'} answered by this report (no model; "
-           f"deterministic) on the same {len({r['id'] for r in added})} questions: the run itself did not "
-           "include them."] if added else []),
+        *([f"{' and '.join(f'`{s}`' for s in floor)} {'were' if len(floor) > 1 else 'was'} answered by "
+           f"this report (no model; deterministic) on the same {len({r['id'] for r in added})} questions: "
+           "the run itself did not include them."] if floor else []),
         "Figures are means over questions; with several runs, ± is the standard deviation of the "
         "run means. Cover EM: the gold answer appears in the answer. Support recall: share of "
         "supporting paragraphs (by title; pid: by paragraph id) among the injected passages. "
