@@ -109,7 +109,8 @@ def cost_rows(r: dict) -> list[tuple[str, str, str, str]]:
     rows = []
     for key, run in r["runs"].items():
         s = run["summary"]
-        shares = ", ".join(f"{k.replace('_', '-')} {100 * v:.0f}%" for k, v in s["over_floor_share"].items())
+        shares = (", ".join(f"{k.replace('_', '-')} {100 * v:.0f}%" for k, v in s["over_floor_share"].items())
+                  if s["over_floor_share"] else "under 5% of it, not split")
         rows.append((f"RIG over its floor, {key}",
                      f"`rig:prob` per answer ({s['questions']} q, {s['retrievals']} retrievals) vs each prompt "
                      "token pre-filled once + the kept tokens decoded + the retrieval",

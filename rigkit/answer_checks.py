@@ -9,7 +9,6 @@ on what they say.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +23,7 @@ from rigkit.short_answer import ask_prompt, extract_answer, parse_short_reply
 from rigkit.text import content_words, split_sentences, strip_citations
 from rigkit.trace import Hit, Kept, RoundTrace, Segment, kept_segment, set_aside_round
 
-__all__ = ["AnswerChecks", "segment_prefix"]
+__all__ = ["AnswerChecks"]
 
 
 class AnswerChecks:
@@ -139,19 +138,3 @@ class AnswerChecks:
             if short:
                 return short
         return extract_answer(answer, question)
-
-
-def segment_prefix(segment: Segment, cut: int) -> Segment | None:
-    """The whole tokens of `segment` that end at or before character `cut` (None: no text)."""
-    count = seen = 0
-    for token in segment.tokens:
-        if seen + len(token) > cut:
-            break
-        seen, count = seen + len(token), count + 1
-    if not segment.text[:seen].strip():
-        return None
-    return dataclasses.replace(
-        segment, text=segment.text[:seen], tokens=segment.tokens[:count], token_ids=segment.token_ids[:count],
-        logprobs=segment.logprobs[:count], entropies=segment.entropies[:count], margins=segment.margins[:count],
-        alternatives=segment.alternatives[:count],
-        finish_reason="stop", attention=None)

@@ -48,14 +48,17 @@ def attribute(
     """Attribute each sentence of `answer` (citation tags removed) to a supporting passage.
 
     `visible` lists (offset, chunk ids): from that character offset of the answer on, the text
-    was written with those passages in context; sorted by offset. Empty: every passage was.
+    was written with those passages in context; sorted by offset. Empty: every passage was. A
+    sentence may cite what was in context when its end was written.
     """
     text = strip_citations(answer)
     words = {h.chunk_id: content_words(f"{h.title} {h.text}") for h in passages}
     arrived = arrival_order(passages, visible)
     out = []
     for start, end in sentence_spans(text):
-        seen = visible_at(start, visible, words)
+        # what was in context when its last words were written: a sentence finished after passages
+        # arrived (a rewind, a marker mid-sentence) may rest on them
+        seen = visible_at(max(start, end - 1), visible, words)
         sentence_words = content_words(text[start:end])
         item = Attribution(text[start:end], start, end, visible=seen)
         shared = {cid: len(sentence_words & words[cid]) for cid in seen}

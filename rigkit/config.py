@@ -163,6 +163,8 @@ class ContextConfig:
     order: str = "arrival"  # arrival (retriever order per block) | relevance (best first) | edges (best first and last, weakest in the middle)
     compress: str = "none"  # none | extractive (sentences nearest the query, embedder) | abstractive (3-5 key points, generator)
     compress_ratio: float = 0.5  # extractive: a passage keeps at most this share of its tokens
+    cut_bm25_share: float = 0.0  # a hit after a search's first is injected mid-answer only if its BM25 score is at least this share of the first's (0 = off; its trace lists it under dropped_relevance)
+    cut_dense_gap: float | None = None  # ... and only if its dense cosine is at most this below the first's (null = off); a hit without the score is not judged on it; passages given up front are never cut
     language: str = "auto"  # auto | en | zh (injection template language)
     citations: bool = True  # render [[citation:ID]] in the answer
     grounding: str = "none"  # none | strict (the passages message says: answer only from them, else say they lack it)
@@ -175,7 +177,7 @@ class ContextConfig:
 @dataclass(frozen=True)
 class ControllerConfig:
     max_rounds: int = 3  # retrieval rounds; then the answer is finished from context
-    policy: str = "auto"  # auto | continue | regenerate (auto: the policy the decider declares)
+    policy: str = "auto"  # auto | continue | regenerate | rewind (kept up to the first flagged word, written on from there with the passages; needs context.layout prefix) (auto: the policy the decider declares)
     restore: bool = True  # a rewrite (policy regenerate) that comes back empty at end of turn keeps the set-aside segment (action restore); false: the answer ends there without it (the oracle's control `rig:oracle~norestore`)
     rewrite_check: bool = True  # a rewrite (policy regenerate) that adds nothing (empty, repeats accepted text), or that no new passage supports while one supports the set-aside segment, falls back to that segment, now after its passages (action fallback)
     repeat_guard: bool = True  # a segment repeating an earlier sentence of the answer, or going round one phrase inside a sentence (a word 4-gram four times at one period), is cut there and the answer ends (action repeat); holds for every backend
@@ -377,7 +379,7 @@ def _from_plain(cls: type, data: Any, where: str) -> Any:
 _MINIMUMS = {"max_rounds": 0, "top_k": 1, "max_answer_tokens": 1, "max_segment_tokens": 1,
              "max_retrieval_tokens": 0, "max_passage_tokens": 1, "max_history_tokens": 0, "summary_input_tokens": 1,
              "overlap": 0, "bm25_top_k": 1, "dense_top_k": 1, "rrf_k": 0,
-             "rerank_candidates": 1, "max_subqueries": 1}
+             "rerank_candidates": 1, "max_subqueries": 1, "cut_bm25_share": 0, "cut_dense_gap": 0}
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:

@@ -28,6 +28,8 @@ class ContextLog:
         the one place a round's `kept` is decided."""
         trace.kept = how
         segment = segment or trace.segment
+        if how is Kept.PREFIX:
+            trace.kept_chars = len(segment.text)
         if how is Kept.REWRITE:
             self.ops.append(ContextOp("replace", segment=segment))
             self.context.replace_last(segment)

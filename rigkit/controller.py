@@ -75,6 +75,10 @@ class RIGController:
         if self.config.policy not in ("auto", *POLICIES):
             raise InputError(f"controller.policy must be auto, {' or '.join(POLICIES)}; got {self.config.policy!r}")
         self.policy = decider_policy(decider) if self.config.policy == "auto" else self.config.policy
+        if self.policy == "rewind" and context.config.layout != "prefix":
+            raise InputError("controller.policy rewind goes on from the middle of a sentence, which reads as one "
+                             "answer only in the prefix layout (passages before the question): set "
+                             "context.layout=prefix")
         self.stop = StopRule(sentence=True)
         if context.marker_protocol is not None:  # pause right after the protocol's tag, matched on text
             protocol = context.marker_protocol

@@ -2,7 +2,8 @@
 
 A round generates a segment and asks the decider about it. Kept, it joins the answer; flagged,
 the round pauses at a `SearchRequest` until hits come back, then the passages are injected and
-the segment stays (continue) or is written again after them (regenerate). A rewrite that comes
+the segment stays (continue), is written again after them (regenerate), or is kept up to its first
+flagged word and written on from there (rewind). A rewrite that comes
 back empty or does not earn its place gives way to the set-aside segment; a repeat is cut and
 ends the answer. Each round records what it kept (`RoundTrace.kept`), and the answer's segments
 are read from that alone (`rigkit.trace.kept_segments`).
@@ -19,7 +20,6 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rigkit.answer_checks import segment_prefix
 from rigkit.callbacks import Observers
 from rigkit.context_log import ContextLog
 from rigkit.deciders.base import DecisionState
@@ -158,12 +158,12 @@ class Run:
         trace = RoundTrace(index=len(self.rounds), segment=segment, decision=decision, timings=timings,
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused,
                            kept=Kept.NOTHING)
-        if self.pending is not None and segment.finished and not segment.text.strip():
+        if (self.pending is not None or self._rewound()) and segment.finished and not segment.text.strip():
             if not c.context.nudged:  # the model ended its turn after the passages: ask it to go on once
                 self._go_on(trace)
-            elif c.config.restore:
+            elif self.pending is not None and c.config.restore:
                 self._put_back(trace, Action.RESTORE)  # empty again: the set-aside segment is kept
-            else:  # controller.restore off (the oracle's control): the set-aside segment is dropped, the answer ends
+            else:  # controller.restore off (the oracle's control), or a rewind: nothing set aside, the answer ends
                 self.log.keep(trace, Kept.SEGMENT)
         elif self.pending is not None and (fault := c.checks.rewrite_fault(self.rounds, segment)):
             self._put_back(trace, Action.FALLBACK, fault)
@@ -209,17 +209,20 @@ class Run:
             n.pre_draft = self.controller.checks.clean(self.controller.context.draft + segment.text)
         n.retrievals += 1
         n.tokens_since_retrieval = 0
-        regenerate = self.controller.policy == "regenerate"
-        if not regenerate:
+        policy = self.controller.policy
+        if policy == "continue":
             self.log.keep(trace, Kept.SEGMENT)  # the segment (e.g. its marker) stays; passages follow
         with _timer(trace.timings, "inject"):
             trace.injection = self.log.inject(trace.hits) if trace.hits else Injection()
-        if regenerate and not trace.injection.added:
-            self.log.keep(trace, Kept.SEGMENT)  # nothing new to read: regenerating would repeat it
-            regenerate = False
-        trace.action = Action.REGENERATE if regenerate else Action.CONTINUE
-        if regenerate:
-            n.generated -= len(segment.token_ids)
+        if policy != "continue" and not trace.injection.added:
+            self.log.keep(trace, Kept.SEGMENT)  # nothing new to read: writing it again would repeat it
+            policy = "continue"
+        if policy == "rewind":
+            self._rewind(trace)
+        else:
+            trace.action = Action.REGENERATE if policy == "regenerate" else Action.CONTINUE
+            if policy == "regenerate":
+                n.generated -= len(segment.token_ids)
         return self._end_round(trace)
 
     def _end_round(self, trace: RoundTrace) -> RoundTrace:
@@ -262,6 +265,23 @@ class Run:
         why = fault or "the rewrite came back empty twice"
         trace.unused = _unused(self.rounds, f"{why}: the sentence written before it is kept")
 
+    def _rewind(self, trace: RoundTrace) -> None:
+        """Policy rewind: the segment is kept up to its first flagged word, and the model goes on from
+        there with the passages, so only the flagged word onward is written again (a decider that
+        marks no word keeps nothing: the whole segment is written again, as under regenerate)."""
+        segment = trace.segment
+        starts = [s.char_start for s in trace.decision.spans if s.char_start >= 0]
+        kept = segment.upto(min(starts)) if starts else None
+        if kept is not None:
+            self.log.keep(trace, Kept.PREFIX, kept)
+        self.counters.generated -= len(segment.token_ids) - (len(kept.token_ids) if kept else 0)
+        trace.action = Action.REWIND
+
+    def _rewound(self) -> bool:
+        """Whether this round goes on from a rewind (past a go-on turn): its text is the rewrite."""
+        last = next((r for r in reversed(self.rounds) if r.action is not Action.GO_ON), None)
+        return last is not None and last.action is Action.REWIND
+
     def _go_on(self, trace: RoundTrace) -> None:
         """The rewrite came back empty at end of turn: small models often end the turn right after
         the passages. Ask once, in a turn of its own, to go on from them; the set-aside segment
@@ -274,7 +294,7 @@ class Run:
         """Keep the segment up to where it repeats the answer, and end the answer there."""
         segment = trace.segment
         trace.guards.append(f"{kind}: {segment.text[cut:].strip()!r}")
-        kept = segment_prefix(segment, cut)
+        kept = segment.upto(cut)
         if kept is not None:
             self.log.keep(trace, Kept.PREFIX, kept)
         self.counters.generated -= len(segment.token_ids) - (len(kept.token_ids) if kept else 0)
@@ -303,6 +323,8 @@ def _goes_on(run: Run, trace: RoundTrace) -> bool:
         return False
     if trace.kept in (Kept.NOTHING, Kept.WAITING, Kept.SET_ASIDE):
         return True  # a rewrite follows, or the set-aside segment had not ended the answer (else done)
+    if trace.action is Action.REWIND:
+        return True  # the model writes on from the kept words, with the passages
     if trace.action is Action.CONTINUE and trace.injection is not None and trace.injection.added:
         return True  # passages follow this segment: the model reads them, even after its end of turn
     return not (trace.segment.finished or not trace.segment.token_ids)  # end of turn, or nothing more

@@ -42,6 +42,7 @@ __all__ = [
     "derived_kept",
     "kept_order",
     "kept_segments",
+    "kept_part",
     "kept_segment",
     "answer_end",
 ]
@@ -63,6 +64,7 @@ class Action(str, Enum):
     ACCEPT = "accept"  # kept: the decider did not fire
     CONTINUE = "continue"  # kept, and the retrieved passages follow it
     REGENERATE = "regenerate"  # set aside and written again after the passages (FLARE-style)
+    REWIND = "rewind"  # kept up to the flagged word; the rest is written again after the passages
     SKIP = "skip"  # the decider fired but no retrieval round or answer token was left: kept
     # the rewrite came back empty at end of turn: the model is asked, in a turn of its own, to go
     # on from the passages; the set-aside segment still waits
@@ -91,7 +93,10 @@ class Kept(str, Enum):
 
     NOTHING = ""  # set aside to be written again, a dropped rewrite, a repeat cut at its start
     SEGMENT = "segment"  # its own segment, whole
-    PREFIX = "prefix"  # the start of its own segment, up to where it repeated the answer; the answer ends
+    # the start of its own segment (`RoundTrace.kept_chars` long): up to where it repeated the answer
+    # (action repeat: the answer ends), or up to the flagged word (action rewind: the rest is written
+    # again after the passages)
+    PREFIX = "prefix"
     SET_ASIDE = "set_aside"  # the previous round's set-aside segment, put back (its own rewrite is dropped)
     REWRITE = "rewrite"  # its own segment, in place of the last kept one (a kept grounded rewrite)
     WAITING = "waiting"  # nothing yet: the model was asked to go on from the passages, the set-aside segment waits
@@ -152,6 +157,20 @@ class Segment:
     @property
     def probs(self) -> list[float]:
         return [math.exp(lp) for lp in self.logprobs]
+
+    def upto(self, cut: int) -> Segment | None:
+        """The whole tokens that end at or before character `cut`, as a paused segment (None: no text)."""
+        count = seen = 0
+        for token in self.tokens:
+            if seen + len(token) > cut:
+                break
+            seen, count = seen + len(token), count + 1
+        if not self.text[:seen].strip():
+            return None
+        return dataclasses.replace(
+            self, text=self.text[:seen], tokens=self.tokens[:count], token_ids=self.token_ids[:count],
+            logprobs=self.logprobs[:count], entropies=self.entropies[:count], margins=self.margins[:count],
+            alternatives=self.alternatives[:count], finish_reason="stop", attention=None)
 
     @property
     def finished(self) -> bool:
@@ -240,6 +259,8 @@ class Injection:
     added: list[str] = field(default_factory=list)
     dropped_duplicates: list[str] = field(default_factory=list)
     dropped_budget: list[str] = field(default_factory=list)
+    # hits scoring far below the search's best (context.cut_bm25_share / cut_dense_gap): never injected
+    dropped_relevance: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     # passages cut to `max_passage_tokens` on the way in (their hit's metadata holds the original
     # length): a cut is recorded, never silent
@@ -323,6 +344,7 @@ class RoundTrace:
     unsupported: list[str] = field(default_factory=list)
     # what this round left in the answer (see `Kept`); None: not recorded, derived from `action`
     kept: Kept | None = None
+    kept_chars: int | None = None  # Kept.PREFIX: the characters of the segment the answer kept (None: not recorded)
 
     def __post_init__(self) -> None:
         self.action = Action(self.action)
@@ -486,8 +508,16 @@ def kept_order(kept: Sequence[Kept | str]) -> list[int]:
 
 
 def kept_segments(rounds: Sequence[RoundTrace]) -> list[Segment]:
-    """The segments the answer kept so far, in order (a prefix kept as its whole segment)."""
-    return [rounds[i].segment for i in kept_order([r.kept or Kept.NOTHING for r in rounds])]
+    """The segments the answer kept so far, in order, each as it stands in the answer."""
+    return [kept_part(rounds[i]) for i in kept_order([r.kept or Kept.NOTHING for r in rounds])]
+
+
+def kept_part(trace: RoundTrace) -> Segment:
+    """The round's segment as the answer kept it: its start for a prefix whose length was recorded
+    (traces before `kept_chars` show the whole segment), else whole."""
+    if trace.kept is Kept.PREFIX and trace.kept_chars is not None:
+        return trace.segment.upto(trace.kept_chars) or Segment(text="")
+    return trace.segment
 
 
 def kept_segment(rounds: Sequence[RoundTrace]) -> Segment | None:

@@ -149,6 +149,7 @@ def format_round(trace: RoundTrace) -> str:
         inj = trace.injection
         lines.append(
             f"injected  {inj.added or '-'}  duplicates {inj.dropped_duplicates or '-'}  evicted {inj.evicted or '-'}"
+            + (f"  below the cut {inj.dropped_relevance}" if inj.dropped_relevance else "")
         )
     if trace.error:
         lines.append(f"error     {trace.error}")

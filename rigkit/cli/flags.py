@@ -113,8 +113,9 @@ _FLAGS = [
     Flag("--grounded", None, "answer only from the passages and cite them as [n]; unseen citations are removed",
          sets=(("context.grounding", "strict"), ("context.cite", "model"))),
     Flag("--max-rounds", "controller.max_rounds", "retrieval rounds before finishing from context", type=int),
-    Flag("--policy", "controller.policy", "after retrieval keep the sentence and continue, or regenerate it "
-         "(auto: the decider's own policy)", choices=("auto", "continue", "regenerate")),
+    Flag("--policy", "controller.policy", "after retrieval keep the sentence and continue, regenerate it, or "
+         "rewind it to its first flagged word (needs --layout prefix; auto: the decider's own policy)",
+         choices=("auto", "continue", "regenerate", "rewind")),
 ]
 FLAGS: dict[str, Flag] = {flag.name: flag for flag in _FLAGS}
 

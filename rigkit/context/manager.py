@@ -13,7 +13,7 @@ from rigkit.compression import Compressor, HistorySummarizer, check_context_opti
 from rigkit.config import DEFAULT_CONTEXT_LIMIT, ContextConfig
 from rigkit.context.layout import Layout
 from rigkit.context.render import Asked, Renderer
-from rigkit.context.store import PassageStore, least_related
+from rigkit.context.store import PassageStore, least_related, relevance_cut
 from rigkit.errors import InputError
 from rigkit.grounding import check_grounding_options
 from rigkit.markers import MarkerProtocol, resolve_protocol
@@ -101,7 +101,9 @@ class ContextManager:
     def inject(self, hits: Sequence[Hit]) -> Injection:
         """Add new passages under the budget; report what was added, dropped and evicted."""
         injection = Injection(passage_budget=self.passage_budget)
-        admitted = self._admit(list(hits), injection)
+        hits, injection.dropped_relevance = relevance_cut(list(hits), self.config.cut_bm25_share,
+                                                          self.config.cut_dense_gap)
+        admitted = self._admit(hits, injection)
         prefix = self.config.layout == "prefix"
         self.layout.add(admitted, "" if prefix or not admitted else self._instruction(), prefix)
         self._evict_over_budget(injection, keep={h.chunk_id for h in admitted})

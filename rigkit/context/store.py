@@ -20,7 +20,7 @@ from rigkit.trace import Hit, Injection
 from rigkit.truncation import cap_text
 
 __all__ = ["PassageStore", "fingerprint", "near_duplicate", "held_to_corpus_rules", "shared_words",
-           "least_related"]
+           "least_related", "relevance_cut"]
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -49,6 +49,29 @@ def near_duplicate(a: frozenset[str], b: frozenset[str], threshold: float = 0.8)
     if not a or not b:
         return a == b
     return len(a & b) / min(len(a), len(b)) >= threshold
+
+
+def relevance_cut(hits: list[Hit], bm25_share: float = 0.0,
+                  dense_gap: float | None = None) -> tuple[list[Hit], list[str]]:
+    """The hits worth injecting, and the chunk ids of those cut: a hit after the first stays only if
+    its raw BM25 score is at least `bm25_share` of the first hit's and its dense cosine is at most
+    `dense_gap` below the first's. A search's runners-up that score far below its best are mostly
+    other paragraphs on the same words (distractors); a score a hit or the first lacks is not judged."""
+    if len(hits) < 2 or (bm25_share <= 0 and dense_gap is None):
+        return list(hits), []
+    best = hits[0].scores
+    kept, cut = [hits[0]], []
+    for hit in hits[1:]:
+        bm25, dense = hit.scores.get("bm25"), hit.scores.get("dense")
+        low_bm25 = bm25_share > 0 and bm25 is not None and best.get("bm25") is not None \
+            and bm25 < bm25_share * best["bm25"]
+        far_dense = dense_gap is not None and dense is not None and best.get("dense") is not None \
+            and best["dense"] - dense > dense_gap
+        if low_bm25 or far_dense:
+            cut.append(hit.chunk_id)
+        else:
+            kept.append(hit)
+    return kept, cut
 
 
 class PassageStore:

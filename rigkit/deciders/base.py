@@ -4,7 +4,10 @@ A decider also declares what the loop does with the segment that made it fire (`
 - "continue": keep the segment, inject the passages after it and go on (IRCoT / FS-RAG, FL-RAG,
   markers: the sentence stays and the next one reads the new passages);
 - "regenerate": drop the segment and write it again with the passages in context (FLARE's
-  look-ahead: the flagged sentence is only a draft of what to search for).
+  look-ahead: the flagged sentence is only a draft of what to search for);
+- "rewind": keep the segment up to its first flagged word (the decision's spans) and write on from
+  there with the passages: only the doubtful word onward is written again. It continues a sentence
+  mid-way, so it needs the prefix layout, where the draft stays one assistant message.
 A decider that declares nothing gets `DEFAULT_POLICY`; a run may override it
 (`controller.policy` in the config, `--policy` on `rigkit ask`).
 
@@ -26,7 +29,7 @@ from rigkit.trace import Decision, Hit, Query, Segment
 __all__ = ["Decider", "DecisionState", "POLICIES", "DEFAULT_POLICY", "decider_policy",
            "LOGPROBS", "ATTENTION", "EXTRA_PASSES", "decider_needs"]
 
-POLICIES = ("continue", "regenerate")
+POLICIES = ("continue", "regenerate", "rewind")
 DEFAULT_POLICY = "regenerate"
 
 
@@ -60,7 +63,7 @@ class DecisionState:
 class Decider(Protocol):
     """`decide(segment, state) -> Decision` with `Decision.score` in [0, 1].
 
-    Optional class attribute: `policy` ("continue" | "regenerate", see the module docstring).
+    Optional class attribute: `policy` ("continue" | "regenerate" | "rewind", see the module docstring).
     """
 
     def decide(self, segment: Segment, state: DecisionState) -> Decision: ...

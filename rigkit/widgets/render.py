@@ -31,6 +31,7 @@ from rigkit.trace import (
     Segment,
     Span,
     kept_order,
+    kept_part,
 )
 from rigkit.widgets.figures import score_cut  # pure; plotly is imported only inside figures
 
@@ -207,7 +208,7 @@ def draft_html(rounds: Sequence[RoundTrace], index: int, marker_tag: TagSpec = "
     if not rounds:
         return f'<div class="rig-draft" style="{BOX_STYLE}{MUTED_STYLE}">No rounds yet.</div>'
     index = max(0, min(index, len(rounds) - 1))
-    parts = [segment_html(rounds[i].segment, (), marker_tag) for i in kept_rounds(rounds, index)]
+    parts = [segment_html(kept_part(rounds[i]), (), marker_tag) for i in kept_rounds(rounds, index)]
     cur = rounds[index]
     parts.append(
         segment_html(
@@ -326,12 +327,14 @@ def hit_status(chunk_id: str, injection: Injection | None) -> str:
         return "duplicate"
     if chunk_id in injection.dropped_budget:
         return "over budget"
+    if chunk_id in injection.dropped_relevance:
+        return "below the cut"
     return "not injected"
 
 
 _STATUS_COLORS = {
     "injected": "#15803d", "duplicate": "#6b7280", "over budget": "#b45309",
-    "evicted": "#b91c1c", "not injected": "#6b7280",
+    "evicted": "#b91c1c", "not injected": "#6b7280", "below the cut": "#6b7280",
 }
 
 

@@ -72,6 +72,8 @@ ACTION_MEANINGS = {
     Action.ACCEPT: "no retrieval: the segment stays in the answer",
     Action.CONTINUE: "retrieved: the segment stays and the answer goes on after the passages",
     Action.REGENERATE: "retrieved: the segment is dropped and written again with the passages",
+    Action.REWIND: "retrieved: the segment is kept up to its flagged word, and the model writes on from there "
+                   "with the passages",
     Action.SKIP: "no retrieval rounds left: the segment stays, the answer finishes from the context",
     Action.GO_ON: "the model ended its turn right after the passages: it is asked to go on from them",
     Action.RESTORE: "asked to go on, the model still wrote nothing: the flagged segment is kept",
