@@ -533,7 +533,7 @@ def answer_end(rounds: Sequence[RoundTrace]) -> tuple[Segment, bool] | None:
     if not order:
         return None
     last = rounds[order[-1]]
-    return last.segment, last.kept is Kept.PREFIX
+    return last.segment, last.kept is Kept.PREFIX and last.action is Action.REPEAT  # a rewind's kept start is no cut
 
 
 def set_aside_round(rounds: Sequence[RoundTrace], end: int) -> int | None:

@@ -17,7 +17,7 @@ from rigkit.config import RunConfig
 from rigkit.errors import InputError
 from rigkit.streaming import StreamEvent, TokenStream
 from rigkit.testing import DictRetriever, ScriptedGenerator, make_segment
-from rigkit.trace import Action, Hit, Kept, RIGResult, kept_segments
+from rigkit.trace import Action, Hit, Kept, RIGResult, answer_end, kept_segments
 from rigkit.widgets import render
 
 PASSAGE = Hit(chunk_id="jaws#0", doc_id="jaws", title="Jaws (film)",
@@ -96,6 +96,7 @@ def test_an_empty_continuation_is_asked_to_go_on_then_the_answer_ends_on_a_whole
     assert actions[1] is Action.REWIND and Action.GO_ON in actions and Action.RESTORE not in actions
     assert "John" not in result.answer and result.answer.startswith("Jaws is a film.")
     assert result.trimmed.strip() == "It was directed by"  # the half sentence is not left in the answer
+    assert answer_end(result.rounds) == (result.rounds[1].segment, False)  # a rewind's kept start is no repeat cut
 
 
 def test_rewind_needs_the_prefix_layout():

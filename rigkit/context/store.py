@@ -63,10 +63,10 @@ def relevance_cut(hits: list[Hit], bm25_share: float = 0.0,
     kept, cut = [hits[0]], []
     for hit in hits[1:]:
         bm25, dense = hit.scores.get("bm25"), hit.scores.get("dense")
-        low_bm25 = bm25_share > 0 and bm25 is not None and best.get("bm25") is not None \
-            and bm25 < bm25_share * best["bm25"]
-        far_dense = dense_gap is not None and dense is not None and best.get("dense") is not None \
-            and best["dense"] - dense > dense_gap
+        low_bm25 = (bm25_share > 0 and bm25 is not None and best.get("bm25") is not None
+                    and bm25 < bm25_share * best["bm25"])
+        far_dense = (dense_gap is not None and dense is not None and best.get("dense") is not None
+                     and best["dense"] - dense > dense_gap)
         if low_bm25 or far_dense:
             cut.append(hit.chunk_id)
         else:
