@@ -184,7 +184,7 @@ def main(argv=None) -> int:
               f"pre-filled {fmt_ratio(s['prefilled_vs_floor'])} the floor's tokens, decoded "
               f"{fmt_ratio(s['decoded_vs_kept'])} the kept; retrieval {100 * s['retrieval_share_of_floor']:.0f}% "
               f"of the floor")
-    save(args, "cost", {"goal": GOAL, "runs": runs, "ways": {w: WAYS[w] for w in ways}}, started)
+    save(args, "cost", {"goal": GOAL, "noise": NOISE, "runs": runs, "ways": {w: WAYS[w] for w in ways}}, started)
     return 0
 
 

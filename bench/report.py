@@ -110,7 +110,7 @@ def cost_rows(r: dict) -> list[tuple[str, str, str, str]]:
     for key, run in r["runs"].items():
         s = run["summary"]
         shares = (", ".join(f"{k.replace('_', '-')} {100 * v:.0f}%" for k, v in s["over_floor_share"].items())
-                  if s["over_floor_share"] else "under 5% of it, not split")
+                  if s["over_floor_share"] else f"under {100 * r.get('noise', 0.05):.0f}% of it, not split")
         rows.append((f"RIG over its floor, {key}",
                      f"`rig:prob` per answer ({s['questions']} q, {s['retrievals']} retrievals) vs each prompt "
                      "token pre-filled once + the kept tokens decoded + the retrieval",

@@ -158,7 +158,7 @@ class Run:
         trace = RoundTrace(index=len(self.rounds), segment=segment, decision=decision, timings=timings,
                            tokens_prefilled=segment.tokens_prefilled, tokens_reused=segment.tokens_reused,
                            kept=Kept.NOTHING)
-        if (self.pending is not None or self._rewound()) and segment.finished and not segment.text.strip():
+        if (self.pending is not None or _after_rewind(self.rounds)) and segment.finished and not segment.text.strip():
             if not c.context.nudged:  # the model ended its turn after the passages: ask it to go on once
                 self._go_on(trace)
             elif self.pending is not None and c.config.restore:
@@ -217,12 +217,12 @@ class Run:
         if policy != "continue" and not trace.injection.added:
             self.log.keep(trace, Kept.SEGMENT)  # nothing new to read: writing it again would repeat it
             policy = "continue"
-        if policy == "rewind":
-            self._rewind(trace)
-        else:
-            trace.action = Action.REGENERATE if policy == "regenerate" else Action.CONTINUE
-            if policy == "regenerate":
-                n.generated -= len(segment.token_ids)
+        elif policy != "continue":
+            # regenerate keeps nothing; rewind keeps the words before the first flagged one, and the
+            # model writes on from there (a decider that marks no word: the whole segment again)
+            flagged = [s.char_start for s in trace.decision.spans if s.char_start >= 0] if policy == "rewind" else []
+            self._keep_start(trace, min(flagged, default=0))
+        trace.action = Action(policy)
         return self._end_round(trace)
 
     def _end_round(self, trace: RoundTrace) -> RoundTrace:
@@ -265,22 +265,13 @@ class Run:
         why = fault or "the rewrite came back empty twice"
         trace.unused = _unused(self.rounds, f"{why}: the sentence written before it is kept")
 
-    def _rewind(self, trace: RoundTrace) -> None:
-        """Policy rewind: the segment is kept up to its first flagged word, and the model goes on from
-        there with the passages, so only the flagged word onward is written again (a decider that
-        marks no word keeps nothing: the whole segment is written again, as under regenerate)."""
+    def _keep_start(self, trace: RoundTrace, cut: int) -> None:
+        """Keep the segment's whole tokens up to character `cut` (nothing if none); the rest is not counted."""
         segment = trace.segment
-        starts = [s.char_start for s in trace.decision.spans if s.char_start >= 0]
-        kept = segment.upto(min(starts)) if starts else None
+        kept = segment.upto(cut)
         if kept is not None:
             self.log.keep(trace, Kept.PREFIX, kept)
         self.counters.generated -= len(segment.token_ids) - (len(kept.token_ids) if kept else 0)
-        trace.action = Action.REWIND
-
-    def _rewound(self) -> bool:
-        """Whether this round goes on from a rewind (past a go-on turn): its text is the rewrite."""
-        last = next((r for r in reversed(self.rounds) if r.action is not Action.GO_ON), None)
-        return last is not None and last.action is Action.REWIND
 
     def _go_on(self, trace: RoundTrace) -> None:
         """The rewrite came back empty at end of turn: small models often end the turn right after
@@ -292,12 +283,8 @@ class Run:
 
     def _cut_repeat(self, trace: RoundTrace, cut: int, kind: str = "repeat") -> None:
         """Keep the segment up to where it repeats the answer, and end the answer there."""
-        segment = trace.segment
-        trace.guards.append(f"{kind}: {segment.text[cut:].strip()!r}")
-        kept = segment.upto(cut)
-        if kept is not None:
-            self.log.keep(trace, Kept.PREFIX, kept)
-        self.counters.generated -= len(segment.token_ids) - (len(kept.token_ids) if kept else 0)
+        trace.guards.append(f"{kind}: {trace.segment.text[cut:].strip()!r}")
+        self._keep_start(trace, cut)
         trace.action, self.counters.done = Action.REPEAT, True
 
     def _cannot_retrieve(self, segment: Segment) -> bool:
@@ -312,6 +299,12 @@ class Run:
         trace.action = Action.SKIP
         self.log.keep(trace, Kept.SEGMENT)
 
+
+
+def _after_rewind(rounds: Sequence[RoundTrace]) -> bool:
+    """Whether the next round goes on from a rewind (past a go-on turn): its text is the rewrite."""
+    last = next((r for r in reversed(rounds) if r.action is not Action.GO_ON), None)
+    return last is not None and last.action is Action.REWIND
 
 
 # -- controller.rewrite_unsupported: steps of the run, apart so `Run` reads as the round --------------
